@@ -1,0 +1,26 @@
+# specgate: train an EAGLE-3 drafter for a target model, serve it behind a load gate,
+# and find the batch size at which speculation should stop.
+#
+#   snakemake --cores all results/report.md
+#
+# config/config.yaml is the embedded default (CPU, no network). `--configfile X`
+# replaces it entirely: every config file is complete and validated on its own.
+
+
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/target.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/capture.smk"
+include: "workflow/rules/vocab.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/report.md",

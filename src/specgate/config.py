@@ -1,0 +1,100 @@
+"""Validate a workflow config against the JSON schema, fill defaults, and name the bad key."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, ValidationError, validators
+
+
+class ConfigError(ValueError):
+    """A config problem, with the offending key in dotted form."""
+
+
+def _key(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _with_defaults(base):
+    """A validator class that also writes schema defaults into the instance."""
+    validate_props = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_props(validator, properties, instance, schema)
+
+    def existing_path(validator, wanted, instance, schema):
+        if wanted and isinstance(instance, str) and not os.path.exists(instance):
+            yield ValidationError(f"path does not exist: {instance!r} (cwd {os.getcwd()})")
+
+    return validators.extend(base, {"properties": set_defaults, "x-existing-path": existing_path})
+
+
+_Validator = _with_defaults(Draft202012Validator)
+
+
+def _message(err) -> str:
+    key = _key(err.absolute_path)
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        return "; ".join(f"config key '{_key([*err.absolute_path, e])}': unknown key" for e in extra)
+    if err.validator == "required":
+        missing = err.message.split("'")[1]
+        return f"config key '{_key([*err.absolute_path, missing])}': required but missing"
+    return f"config key '{key}': {err.message}"
+
+
+def _semantic_checks(config: dict) -> list[str]:
+    errors = []
+    target = config["target"]
+    if target["source"] == "hf_dir" and not target.get("path"):
+        errors.append("config key 'target.path': required when target.source is hf_dir")
+    if target["source"] == "hf_cache" and not target.get("model_id"):
+        errors.append("config key 'target.model_id': required when target.source is hf_cache")
+    sources = config["data"]["sources"]
+    names = [s["name"] for s in sources]
+    for i, src in enumerate(sources):
+        if names.count(src["name"]) > 1:
+            errors.append(f"config key 'data.sources[{i}].name': duplicate source name {src['name']!r}")
+        if src["kind"] in ("jsonl", "datasets") and not src.get("path"):
+            errors.append(f"config key 'data.sources[{i}].path': required for kind {src['kind']}")
+    if not any(s["train"] for s in sources):
+        errors.append("config key 'data.sources': no source has train > 0")
+    f = config["data"]["filters"]
+    if f["min_turns"] > f["max_turns"]:
+        errors.append("config key 'data.filters.min_turns': larger than data.filters.max_turns")
+    layers = config["capture"]["layers"]
+    if layers is not None and len(set(layers)) != len(layers):
+        errors.append("config key 'capture.layers': layers must be distinct")
+    return errors
+
+
+def validate_config(config: dict, schema_path: str | os.PathLike) -> dict:
+    """Return a validated copy of `config` with defaults filled in; raise ConfigError naming every bad key."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    config = copy.deepcopy(config)
+    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    messages = [_message(e) for e in errors]
+    if not messages:
+        messages = _semantic_checks(config)
+    if messages:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
+    return config
+
+
+def load_config(path: str | os.PathLike, schema_path: str | os.PathLike) -> dict:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    return validate_config(raw, schema_path)

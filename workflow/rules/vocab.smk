@@ -1,0 +1,16 @@
+rule vocab:
+    input:
+        tokens="results/tokens/train.safetensors",
+        target="results/target",
+    output:
+        vocab="results/vocab/vocab.safetensors",
+        summary="results/vocab/summary.json",
+    params:
+        draft_vocab_size=config["vocab"]["draft_vocab_size"],
+        code=fingerprint("vocab"),
+    log:
+        "results/logs/vocab.log",
+    benchmark:
+        "results/benchmarks/vocab.tsv"
+    script:
+        "../scripts/build_vocab.py"
