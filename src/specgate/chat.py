@@ -61,16 +61,17 @@ def tokenize_dataset(conversations: str | Path, tokenizer_dir: str | Path, out: 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     records = read_jsonl(conversations)
     ids, masks, offsets = [], [], [0]
-    skipped, truncated = 0, 0
+    skipped = {"template_error": 0, "no_assistant_tokens_after_truncation": 0}
+    truncated = 0
     for rec in tqdm(records, desc="tokenize", mininterval=5):
         try:
             seq, mask = tokenize_conversation(tokenizer, rec["messages"], max_length)
         except TemplateError as e:
             log.warning("%s: %s", rec.get("id"), e)
-            skipped += 1
+            skipped["template_error"] += 1
             continue
-        if not any(mask):  # the assistant text was truncated away entirely
-            skipped += 1
+        if not any(mask):  # a long prompt left no assistant token within max_length
+            skipped["no_assistant_tokens_after_truncation"] += 1
             continue
         truncated += len(seq) == max_length
         ids += seq

@@ -67,7 +67,7 @@ def write_report(out: str, *, config: dict, target: str, data_summary: str, toke
                       f"temperature {r['temperature']}."]  # fmt: skip
     parts += ["", f"Tokenized: {tokens['sequences']} sequences, {tokens['tokens']} tokens, {tokens['loss_tokens']} "
                   f"under the loss mask; {tokens['truncated_to_max_length']} truncated to {tokens['max_length']}, "
-                  f"{tokens['skipped']} skipped."]  # fmt: skip
+                  f"skipped: {tokens['skipped']}."]  # fmt: skip
 
     parts += ["", "## Hidden-state capture", ""]
     parts.append(_table(["layers (SGLang)", "HF hidden_states", "sequences", "tokens", "shards", "size", "dtype", "tok/s (last run)"], [[

