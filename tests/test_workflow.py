@@ -80,7 +80,7 @@ def test_capture_param_reruns_capture_and_nothing_upstream(workdir):
     cfg["capture"]["dtype"] = "float32"
     cfg_path.write_text(yaml.safe_dump(cfg))
     try:
-        assert planned_jobs(snakemake(work, "-n", "results/report.md", env=env)) == {"capture", "report", "all"}
+        assert planned_jobs(snakemake(work, "-n", "results/report.md", env=env)) - {"all"} == {"capture", "report"}
     finally:
         cfg_path.write_text(original)
     assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
