@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from conftest import write_conversations
-from specgate.capture import CaptureDataset, capture_batch, capture_hidden_states, default_layers, load_target, pad_batch
+from specgate.capture import (
+    CaptureDataset,
+    capture_batch,
+    capture_hidden_states,
+    default_layers,
+    load_target,
+    pad_batch,
+    run_capture_job,
+)
 from specgate.chat import TokenizedDataset, tokenize_dataset
 from specgate.data import prepare_data
 from specgate.target import materialize_target
@@ -125,3 +133,17 @@ def test_fails_clearly_when_disk_is_short(tmp_path, target, tokens, monkeypatch)
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10, 10, 1000))
     with pytest.raises(OSError, match="capture needs .* GiB"):
         capture_hidden_states(**_job(target, tokens, tmp_path / "cap"))
+
+
+@pytest.mark.slow
+def test_two_processes_write_their_own_shards_and_match_one(tmp_path, target, tokens):
+    one, two = tmp_path / "one", tmp_path / "two"
+    capture_hidden_states(**_job(target, tokens, one))
+    run_capture_job(2, **_job(target, tokens, two))  # two CPU ranks over gloo
+    index = json.loads((two / "index.json").read_text())
+    assert index["world_size"] == 2 and len(index["shards"]) >= 4
+    got, want = _all_tensors(two / "index.json"), _all_tensors(one / "index.json")
+    assert got.keys() == want.keys()
+    for seq_id in want:
+        for name in want[seq_id]:
+            assert torch.equal(got[seq_id][name], want[seq_id][name]), (seq_id, name)

@@ -263,16 +263,24 @@ class CaptureDataset:
 
 
 def run_capture_job(num_processes: int | str, **job) -> None:
-    """Run capture in this process, or data-parallel under `accelerate launch` on several GPUs."""
+    """Run capture in this process, or data-parallel with one process per GPU.
+
+    GPUs go through `accelerate launch --multi_gpu`; several CPU processes (gloo) through
+    torch's own launcher, which accelerate's PartialState understands the same way.
+    """
+    on_gpu = job.get("device") != "cpu" and torch.cuda.is_available()
     if num_processes == "auto":
-        num_processes = torch.cuda.device_count() if job.get("device") != "cpu" and torch.cuda.is_available() else 1
+        num_processes = torch.cuda.device_count() if on_gpu else 1
     if num_processes <= 1:
         capture_hidden_states(**job)
         return
     job_file = Path(job["index_out"]).with_suffix(".job.json")
     write_json(job_file, job)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
-           "--multi_gpu", "-m", "specgate.capture", "--job", str(job_file)]  # fmt: skip
+    if on_gpu:
+        launcher = ["accelerate.commands.launch", "--num_processes", str(num_processes), "--multi_gpu"]
+    else:
+        launcher = ["torch.distributed.run", "--nproc_per_node", str(num_processes)]
+    cmd = [sys.executable, "-m", *launcher, "-m", "specgate.capture", "--job", str(job_file)]
     print("launching:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     job_file.unlink(missing_ok=True)

@@ -64,11 +64,13 @@ def _load_gguf(gguf: Path, dtype: torch.dtype):
     return model, tokenizer
 
 
-def _load_hf(path_or_id: str, dtype: torch.dtype, local_only: bool):
+def _load_hf(path_or_id: str, dtype: torch.dtype, cache_dir: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, local_files_only=local_only)
-    tokenizer = AutoTokenizer.from_pretrained(path_or_id, local_files_only=local_only)
+    # local_files_only: never reach for a hub, whatever the environment says
+    kw = {"local_files_only": True, "cache_dir": cache_dir}
+    model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kw)
+    tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kw)
     return model, tokenizer
 
 
@@ -81,6 +83,7 @@ def materialize_target(
     gguf_file: str = "SmolLM2-135M-Instruct.Q4_1.gguf",
     path: str | None = None,
     model_id: str | None = None,
+    cache_dir: str | None = None,
     **_unused,
 ) -> dict:
     """Write config, safetensors, tokenizer (with chat template) and manifest.json to `out_dir`."""
@@ -93,11 +96,10 @@ def materialize_target(
         model, tokenizer = _load_gguf(gguf, torch_dtype)
     elif source == "hf_dir":
         source_info["path"] = str(Path(path).resolve())
-        model, tokenizer = _load_hf(path, torch_dtype, local_only=True)
+        model, tokenizer = _load_hf(path, torch_dtype)
     elif source == "hf_cache":
-        os.environ["HF_HUB_OFFLINE"] = "1"
         source_info["model_id"] = model_id
-        model, tokenizer = _load_hf(model_id, torch_dtype, local_only=True)
+        model, tokenizer = _load_hf(model_id, torch_dtype, cache_dir)
     else:
         raise ValueError(f"config key 'target.source': unknown source {source!r}")
 
