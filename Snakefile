@@ -17,6 +17,7 @@ include: "workflow/rules/target.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/capture.smk"
 include: "workflow/rules/vocab.smk"
+include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -1,5 +1,4 @@
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +54,40 @@ def write_conversations(path: Path, n: int, seed: int = 0) -> Path:
                 msgs.append({"role": "assistant", "content": " ".join(rng.choices(words, k=12 + i % 7))})
             f.write(json.dumps({"messages": msgs}) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory, tiny_llama_dir):
+    """The tiny Llama materialised by the target stage (hf_dir source)."""
+    from specgate.target import materialize_target
+
+    out = tmp_path_factory.mktemp("target") / "target"
+    materialize_target(out, source="hf_dir", path=str(tiny_llama_dir), dtype="float32")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_tokens(tmp_path_factory, tiny_target):
+    from specgate.chat import tokenize_dataset
+    from specgate.data import prepare_data
+
+    d = tmp_path_factory.mktemp("tokens")
+    chats = write_conversations(d / "chats.jsonl", 400)
+    prepare_data([{"name": "c", "kind": "jsonl", "path": str(chats), "messages_field": "messages", "train": 400,
+                   "eval": 0}], {"min_turns": 1, "max_turns": 4, "max_chars": 10_000}, 0,
+                 d / "train.jsonl", d / "eval.jsonl", d / "summary.json")  # fmt: skip
+    tokenize_dataset(d / "train.jsonl", tiny_target, d / "train.safetensors", 256, d / "tokens.json")
+    return d / "train.safetensors"
+
+
+@pytest.fixture(scope="session")
+def tiny_capture(tmp_path_factory, tiny_target, tiny_tokens):
+    """Captured states and a draft vocabulary for the tiny target: (index.json, vocab.safetensors)."""
+    from specgate.capture import capture_hidden_states
+    from specgate.vocab import build_vocab_stage
+
+    d = tmp_path_factory.mktemp("capture")
+    capture_hidden_states(str(tiny_target), str(tiny_tokens), str(d / "index.json"), layers=None, dtype="float32",
+                          batch_tokens=2048, shard_tokens=8192, device="cpu")  # fmt: skip
+    build_vocab_stage(str(tiny_tokens), str(tiny_target), str(d / "vocab.safetensors"), str(d / "vocab.json"), 256)
+    return d / "index.json", d / "vocab.safetensors"

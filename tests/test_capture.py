@@ -4,12 +4,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import write_conversations
 from specgate.capture import (
     CaptureDataset,
     capture_batch,
@@ -19,27 +17,17 @@ from specgate.capture import (
     pad_batch,
     run_capture_job,
 )
-from specgate.chat import TokenizedDataset, tokenize_dataset
-from specgate.data import prepare_data
-from specgate.target import materialize_target
+from specgate.chat import TokenizedDataset
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory, tiny_llama_dir):
-    out = tmp_path_factory.mktemp("target") / "target"
-    materialize_target(out, source="hf_dir", path=str(tiny_llama_dir), dtype="float32")
-    return out
+@pytest.fixture
+def target(tiny_target):
+    return tiny_target
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory, target):
-    d = tmp_path_factory.mktemp("tokens")
-    chats = write_conversations(d / "chats.jsonl", 400)
-    prepare_data([{"name": "c", "kind": "jsonl", "path": str(chats), "messages_field": "messages", "train": 400,
-                   "eval": 0}], {"min_turns": 1, "max_turns": 4, "max_chars": 10_000}, 0,
-                 d / "train.jsonl", d / "eval.jsonl", d / "summary.json")  # fmt: skip
-    tokenize_dataset(d / "train.jsonl", target, d / "train.safetensors", 256, d / "tokens.json")
-    return d / "train.safetensors"
+@pytest.fixture
+def tokens(tiny_tokens):
+    return tiny_tokens
 
 
 def test_manifest_records_weights_and_shape(target):

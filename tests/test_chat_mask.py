@@ -1,8 +1,8 @@
 import copy
 
 import pytest
-
 from fixtures.templates import LLAMA3, LLAMA3_SPECIAL_TOKENS, QWEN25
+
 from specgate.chat import assistant_spans, tokenize_conversation
 
 CONVERSATIONS = [

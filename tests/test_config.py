@@ -4,8 +4,8 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from specgate.config import ConfigError, load_config, validate_config
 
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"

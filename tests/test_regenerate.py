@@ -1,6 +1,7 @@
 import json
 
 from conftest import write_conversations
+
 from specgate.files import read_jsonl
 from specgate.regenerate import regenerate_stage
 from specgate.target import materialize_target

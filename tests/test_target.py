@@ -2,9 +2,9 @@ import json
 import shutil
 
 import torch
+from conftest import SMOLLM2_GGUF
 from safetensors.torch import load_file
 
-from conftest import SMOLLM2_GGUF
 from specgate.files import sha256_file
 from specgate.target import locate_wheel_file, materialize_target
 

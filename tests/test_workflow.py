@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO, write_conversations
 
 pytestmark = pytest.mark.slow
@@ -48,6 +47,8 @@ def workdir(tmp_path_factory, tiny_llama_dir):
     config["tokenize"]["max_length"] = 128
     config["capture"] |= {"batch_tokens": 512, "shard_tokens": 2048}
     config["vocab"]["draft_vocab_size"] = 512
+    config["train"] |= {"ttt_length": 2, "epochs": 1, "batch_tokens": 1024, "checkpoint_every": 5}
+    config["acceptance"] |= {"num_steps": [2], "max_new_tokens": 8, "prompts_per_source": 2, "batch_size": 2}
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     # A private copy of the package, first on PYTHONPATH, so the test can edit its code.
     shutil.copytree(REPO / "src/specgate", work / "pkg/specgate")
@@ -59,11 +60,13 @@ def workdir(tmp_path_factory, tiny_llama_dir):
 def test_full_chain_builds_every_artifact(workdir):
     work, _ = workdir
     for path in ["results/target/manifest.json", "results/data/summary.json", "results/tokens/train.safetensors",
-                 "results/capture/index.json", "results/vocab/vocab.safetensors", "results/report.md"]:  # fmt: skip
+                 "results/capture/index.json", "results/vocab/vocab.safetensors", "results/train/metrics.csv",
+                 "results/drafter/model.safetensors", "results/acceptance.csv", "results/report.md"]:  # fmt: skip
         assert (work / path).exists(), path
     report = (work / "results/report.md").read_text()
-    assert "## Hidden-state capture" in report and "## Draft vocabulary" in report
-    for rule in ["target", "prepare_data", "tokenize", "capture", "vocab", "report"]:
+    for section in ["## Hidden-state capture", "## Draft vocabulary", "## Drafter training", "## Acceptance length"]:
+        assert section in report
+    for rule in ["target", "prepare_data", "tokenize", "capture", "vocab", "train", "export", "acceptance", "report"]:
         assert (work / f"results/logs/{rule}.log").exists(), rule
 
 
@@ -80,21 +83,28 @@ def test_capture_param_reruns_capture_and_nothing_upstream(workdir):
     cfg["capture"]["dtype"] = "float32"
     cfg_path.write_text(yaml.safe_dump(cfg))
     try:
-        assert planned_jobs(snakemake(work, "-n", "results/report.md", env=env)) - {"all"} == {"capture", "report"}
+        planned = planned_jobs(snakemake(work, "-n", "results/report.md", env=env)) - {"all"}
+        assert planned == {"capture"} | DOWNSTREAM_OF_CAPTURE
     finally:
         cfg_path.write_text(original)
     assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
 
 
+DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "report"}
+
+
 @pytest.mark.parametrize(
     "module, stages",
     [
-        ("vocab", {"vocab", "report"}),
-        ("capture", {"capture", "report"}),
+        ("export", {"export", "acceptance", "report"}),
+        ("vocab", {"vocab"} | DOWNSTREAM_OF_CAPTURE),
+        ("capture", {"capture"} | DOWNSTREAM_OF_CAPTURE),
+        # train.py imports capture (batch planning): editing either reruns training
+        ("train", DOWNSTREAM_OF_CAPTURE),
         # chat.py holds tokenization and the tokenized-set reader that capture and vocab use
-        ("chat", {"tokenize", "capture", "vocab", "report"}),
+        ("chat", {"tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
         # a new prepare_data output makes every downstream stage rerun too
-        ("data", {"prepare_data", "tokenize", "capture", "vocab", "report"}),
+        ("data", {"prepare_data", "tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
     ],
 )
 def test_editing_a_module_reruns_exactly_its_stages(workdir, module, stages):

@@ -19,10 +19,19 @@ from pathlib import Path
 
 import torch
 
-from specgate.capture import DTYPES, _write_shard, capture_batch, default_layers, load_target, pad_batch, plan_batches
+from specgate.capture import (
+    DTYPES,
+    _write_shard,
+    capture_batch,
+    default_layers,
+    load_target,
+    pad_batch,
+    plan_batches,
+)
 from specgate.chat import TokenizedDataset
 from specgate.files import atomic_path
 from specgate.provenance import cpu_model
+from specgate.runtime import keep_freed_memory
 
 
 def _time(fn) -> float:
@@ -37,6 +46,7 @@ def _time(fn) -> float:
 
 def run_capture_benchmark(target: str, tokens: str, *, batches: int = 6, batch_tokens: int = 8192, repeats: int = 2,
                           dtype: str = "bfloat16", device: str | None = None, out: str | None = None) -> dict:  # fmt: skip
+    keep_freed_memory()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_target(target, device)
     layers = default_layers(model.config.num_hidden_layers)

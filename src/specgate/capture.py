@@ -16,12 +16,9 @@ r, r + world, ...; rank 0 writes the index once all shards exist.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,6 +31,7 @@ from tqdm import tqdm
 
 from specgate.chat import TokenizedDataset
 from specgate.files import ShardDir, atomic_path, sha256_file, stable_hash, write_json
+from specgate.runtime import keep_freed_memory, run_data_parallel, worker_main
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -154,6 +152,7 @@ def capture_hidden_states(
     """Capture every sequence of the tokenized set; resume from the shards already written."""
     from accelerate import PartialState
 
+    keep_freed_memory()
     state = PartialState(cpu=device == "cpu")
     rank, world = state.process_index, state.num_processes
     out_dir = Path(index_out).parent
@@ -263,36 +262,8 @@ class CaptureDataset:
 
 
 def run_capture_job(num_processes: int | str, **job) -> None:
-    """Run capture in this process, or data-parallel with one process per GPU.
-
-    GPUs go through `accelerate launch --multi_gpu`; several CPU processes (gloo) through
-    torch's own launcher, which accelerate's PartialState understands the same way.
-    """
-    on_gpu = job.get("device") != "cpu" and torch.cuda.is_available()
-    if num_processes == "auto":
-        num_processes = torch.cuda.device_count() if on_gpu else 1
-    if num_processes <= 1:
-        capture_hidden_states(**job)
-        return
-    job_file = Path(job["index_out"]).with_suffix(".job.json")
-    write_json(job_file, job)
-    if on_gpu:
-        launcher = ["accelerate.commands.launch", "--num_processes", str(num_processes), "--multi_gpu"]
-    else:
-        launcher = ["torch.distributed.run", "--nproc_per_node", str(num_processes)]
-    cmd = [sys.executable, "-m", *launcher, "-m", "specgate.capture", "--job", str(job_file)]
-    print("launching:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
-    job_file.unlink(missing_ok=True)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="capture worker for accelerate launch")
-    parser.add_argument("--job", required=True)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    capture_hidden_states(**json.loads(Path(args.job).read_text()))
+    run_data_parallel("specgate.capture", capture_hidden_states, job, num_processes, Path(job["index_out"]).parent)
 
 
 if __name__ == "__main__":
-    main()
+    worker_main(capture_hidden_states)

@@ -114,3 +114,16 @@ class TokenizedDataset:
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.input_ids[a:b], self.loss_mask[a:b]
+
+
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat prompt ending in the assistant generation prompt."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def eos_ids(model, tokenizer) -> frozenset[int]:
+    """Every id that ends a reply: the tokenizer's EOS and the generation config's."""
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    configured = configured if isinstance(configured, list) else [configured]
+    return frozenset(i for i in [tokenizer.eos_token_id, *configured] if i is not None)

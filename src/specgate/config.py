@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any
 
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators

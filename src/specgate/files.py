@@ -91,7 +91,7 @@ class ShardDir:
                 shutil.rmtree(self.root)
             self.root.mkdir(parents=True, exist_ok=True)
             for leftover in self.root.glob(f"*{TMP_MARK}*"):
-                leftover.unlink()
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
             if not stamp.exists():
                 with atomic_path(stamp) as tmp:
                     tmp.write_text(fingerprint + "\n")

@@ -14,7 +14,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specgate.chat import eos_ids, prompt_ids
 from specgate.files import ShardDir, read_jsonl, sha256_file, stable_hash, write_json, write_jsonl
+from specgate.llama import LlamaRunner
+from specgate.runtime import keep_freed_memory
+from specgate.spec_decode import Request, SpecDecoder, generate_batch
 
 log = logging.getLogger(__name__)
 
@@ -25,24 +29,22 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-@torch.inference_mode()
-def generate_replies(model, tokenizer, histories: list[list[dict]], max_new_tokens: int, temperature: float, batch_size: int) -> list[str]:
-    """One reply per history, batched with left padding, longest prompts first."""
-    prompts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
+def generate_replies(decoder: SpecDecoder, tokenizer, eos, histories: list[list[dict]], max_new_tokens: int,
+                     temperature: float, batch_size: int) -> list[str]:  # fmt: skip
+    """One reply per history; batches of similar prompt length decode together, one KV slot each."""
+    prompts = [prompt_ids(tokenizer, h) for h in histories]
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     replies = [""] * len(prompts)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = enc.to(model.device)
-        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
-        for row, i in enumerate(idx):
-            replies[i] = tokenizer.decode(out[row, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+        reqs = [Request(slot, prompts[i], max_new_tokens, eos, temperature=temperature) for slot, i in enumerate(idx)]
+        generate_batch(decoder, reqs, None)
+        for i, r in zip(idx, reqs):
+            replies[i] = tokenizer.decode(r.output, skip_special_tokens=True).strip()
     return replies
 
 
-def regenerate_conversations(model, tokenizer, records: list[dict], **gen) -> tuple[list[dict], int]:
+def regenerate_conversations(decoder, tokenizer, eos, records: list[dict], **gen) -> tuple[list[dict], int]:
     """Regenerate assistant turns in order; a conversation ends at its first empty reply.
 
     Returns the conversations with at least one reply, and how many had none.
@@ -53,7 +55,7 @@ def regenerate_conversations(model, tokenizer, records: list[dict], **gen) -> tu
     for turn in range(max(map(len, users), default=0)):
         alive = [i for i in alive if turn < len(users[i])]
         histories = [done[i] + [users[i][turn]] for i in alive]
-        replies = generate_replies(model, tokenizer, histories, **gen) if alive else []
+        replies = generate_replies(decoder, tokenizer, eos, histories, **gen) if alive else []
         survivors = []
         for i, history, reply in zip(alive, histories, replies):
             if reply:
@@ -73,17 +75,19 @@ def regenerate_stage(conversations: str, target_dir: str, out: str, summary_out:
     fingerprint = stable_hash({"data": sha256_file(conversations), "target": sha256_file(Path(target_dir) / "manifest.json"),
                                "seed": seed, "chunk": chunk_size, **settings})  # fmt: skip
     parts = ShardDir(Path(out).with_suffix(".parts"), fingerprint)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir, padding_side="left")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    keep_freed_memory()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype="auto").to(pick_device(device)).eval()
+    longest = max((len(prompt_ids(tokenizer, r["messages"])) for r in records), default=0)
+    decoder = SpecDecoder(LlamaRunner(model), None, slots=batch_size, max_len=longest + max_new_tokens + 1)
+    eos = eos_ids(model, tokenizer)
     chunks = [records[i : i + chunk_size] for i in range(0, len(records), chunk_size)]
     kept, empty = [], 0
     for k, chunk in enumerate(tqdm(chunks, desc="regenerate", unit="chunk")):
         name = f"part_{k:05d}.jsonl"
         if not parts.done(name):
             torch.manual_seed(seed + k)  # sampling is reproducible per chunk, also after a resume
-            regenerated, n_empty = regenerate_conversations(model, tokenizer, chunk, **settings)
+            regenerated, n_empty = regenerate_conversations(decoder, tokenizer, eos, chunk, **settings)
             write_jsonl(parts.path(name), regenerated + [{"_empty_replies": n_empty}])
         part = read_jsonl(parts.path(name))
         kept += part[:-1]

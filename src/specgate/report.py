@@ -33,8 +33,30 @@ def stage_times(bench_dir: Path) -> list[list]:
     return rows
 
 
+def training_summary(metrics_csv: str, last: int = 20) -> str:
+    with open(metrics_csv) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return "No training steps ran."
+    steps = sorted(int(k.split("_")[1]) for k in rows[0] if k.startswith("acc_"))
+    tail = rows[-last:]
+
+    def mean(key, rs):
+        return sum(float(r[key]) for r in rs) / len(rs)
+
+    head = rows[: min(last, len(rows))]
+    table = _table(["", "loss", *[f"acc_{k}" for k in steps], "τ̂", "tokens/s"], [
+        [f"first {len(head)} steps", f"{mean('loss', head):.3f}", *[f"{mean(f'acc_{k}', head):.3f}" for k in steps],
+         f"{mean('tau_hat', head):.3f}", f"{mean('tokens_per_s', head):.0f}"],
+        [f"last {len(tail)} steps", f"{mean('loss', tail):.3f}", *[f"{mean(f'acc_{k}', tail):.3f}" for k in steps],
+         f"{mean('tau_hat', tail):.3f}", f"{mean('tokens_per_s', tail):.0f}"],
+    ])  # fmt: skip
+    return f"{len(rows)} steps, {int(float(rows[-1]['epoch'])) + 1} epoch(s). Per-step metrics: `{metrics_csv}`.\n\n{table}"
+
+
 def write_report(out: str, *, config: dict, target: str, data_summary: str, tokens_summary: str,
-                 capture_index: str, vocab_summary: str, repo: str, regen_summary: str | None = None) -> None:  # fmt: skip
+                 capture_index: str, vocab_summary: str, repo: str, train_metrics: str, acceptance: str, drafter: str,
+                 regen_summary: str | None = None) -> None:  # fmt: skip
     prov = provenance(repo, config)
     manifest = _json(Path(target) / "manifest.json")
     data, tokens, cap, vocab = map(_json, (data_summary, tokens_summary, capture_index, vocab_summary))
@@ -79,9 +101,20 @@ def write_report(out: str, *, config: dict, target: str, data_summary: str, toke
         vocab["draft_vocab_size"], vocab["target_vocab_size"], vocab["distinct_masked_tokens"],
         f"{vocab['coverage']:.4f}", vocab["padded_with_unused_ids"]]]))  # fmt: skip
 
+    parts += ["", "## Drafter training", "", training_summary(train_metrics)]
+    drafter_cfg = _json(Path(drafter) / "config.json")
+    parts += ["", f"Exported to `{drafter}` ({drafter_cfg['draft_vocab_size']}-token draft vocabulary, aux layers "
+                  f"{drafter_cfg['eagle_config']['eagle_aux_hidden_state_layer_ids']}); the SGLang contract check passed."]  # fmt: skip
+    parts += ["", "## Acceptance length (offline, greedy)", ""]
+    with open(acceptance) as f:
+        acc_rows = list(csv.DictReader(f))
+    parts.append(_table(["source", "k (draft steps)", "prompts", "verify steps", "τ measured", "τ̂ from training"],
+                        [[r["source"], r["num_steps"], r["prompts"], r["verify_steps"], r["tau"],
+                          f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-"] for r in acc_rows]))  # fmt: skip
+
     times = stage_times(Path("results/benchmarks"))
     if times:
         parts += ["", "## Stage times (this run's Snakemake benchmarks)", "", _table(["stage", "wall s", "max RSS MB"], times)]
-    parts += ["", "Later stages (drafter training, acceptance, serving sweep) are not built yet.", ""]
+    parts += ["", "Later stages (serving, the threshold sweep and the cost model) are not built yet.", ""]
     with atomic_path(out) as tmp:
         tmp.write_text("\n".join(parts))

@@ -34,6 +34,9 @@ def report_inputs(wildcards):
         "tokens_summary": "results/tokens/summary.json",
         "capture_index": "results/capture/index.json",
         "vocab_summary": "results/vocab/summary.json",
+        "train_metrics": "results/train/metrics.csv",
+        "acceptance": "results/acceptance.csv",
+        "drafter": "results/drafter",
     }
     if config["data"]["regenerate"]["enabled"]:
         inputs["regen_summary"] = "results/data/regen_summary.json"

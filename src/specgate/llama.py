@@ -1,0 +1,100 @@
+"""A Llama-family forward with per-request KV slots, readable top to bottom.
+
+It runs the weights of a Hugging Face Llama model (no copy), so it matches the target
+exactly in structure, but owns its KV cache: each request has a slot, the cache keeps
+per-slot lengths, and one forward appends the same number of new tokens to each row of
+a batch. It can also return the EAGLE-3 auxiliary hidden states of the new tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import rotate_half
+
+
+class KVCache:
+    """K and V for `slots` requests of up to `max_len` tokens each, for every layer."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        shape = (layers, slots, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.max_len = max_len
+
+    def attend(self, layer: int, slots: torch.Tensor, q, k, v) -> torch.Tensor:
+        """Append k, v ([B, kv, n, d]) after each slot's current length and attend causally.
+
+        Lengths are advanced by the caller (`advance`) once all layers have run.
+        """
+        n = q.shape[2]
+        start = self.lengths[slots]
+        end = start + n
+        if int(end.max()) > self.max_len:
+            raise ValueError(f"KV slot overflow: {int(end.max())} > max_len {self.max_len}")
+        for row, slot in enumerate(slots.tolist()):
+            a, b = int(start[row]), int(end[row])
+            self.k[layer, slot, :, a:b] = k[row]
+            self.v[layer, slot, :, a:b] = v[row]
+        width = int(end.max())
+        keys, values = self.k[layer, slots, :, :width], self.v[layer, slots, :, :width]
+        # query i of row r sits at position start[r] + i and sees keys 0..start[r] + i
+        pos_q = start[:, None] + torch.arange(n, device=q.device)[None, :]
+        mask = torch.arange(width, device=q.device)[None, None, :] <= pos_q[:, :, None]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+
+    def advance(self, slots: torch.Tensor, n: int | torch.Tensor) -> None:
+        self.lengths[slots] += n
+
+    def truncate(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Forget everything past `lengths` (rejected draft tokens)."""
+        self.lengths[slots] = lengths
+
+
+class LlamaRunner:
+    """The target's forward over its own HF weights, with KV slots and aux capture."""
+
+    def __init__(self, hf_model, aux_layers: list[int] | None = None):
+        self.model = hf_model.eval()
+        self.body = hf_model.get_decoder()
+        cfg = hf_model.config
+        self.cfg = cfg
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.aux_layers = list(aux_layers or [])
+        self.dtype = next(hf_model.parameters()).dtype
+        self.device = next(hf_model.parameters()).device
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        return KVCache(self.cfg.num_hidden_layers, slots, self.cfg.num_key_value_heads, max_len, self.head_dim,
+                       self.dtype, self.device)  # fmt: skip
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache, slots: torch.Tensor, *, logits_for: str = "all"):
+        """ids [B, n] appended to each slot. Returns (logits [B, n|1, V], aux [B, n, 3H] or None).
+
+        logits_for="last" computes the head for the last position only (prefill).
+        """
+        b, n = ids.shape
+        positions = cache.lengths[slots][:, None] + torch.arange(n, device=ids.device)[None, :]
+        x = self.body.embed_tokens(ids)
+        cos, sin = self.body.rotary_emb(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        aux = []
+        for i, layer in enumerate(self.body.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(b, n, -1, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(b, n, -1, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(b, n, -1, self.head_dim).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            o = cache.attend(i, slots, q, k, v)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, n, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.aux_layers:  # EAGLE-3 layer id L = output of decoder layer L
+                aux.append(x)
+        cache.advance(slots, n)
+        final = self.body.norm(x if logits_for == "all" else x[:, -1:])
+        logits = self.model.get_output_embeddings()(final)
+        aux_out = torch.cat([aux[self.aux_layers.index(L)] for L in self.aux_layers], dim=-1) if aux else None
+        return logits, aux_out

@@ -1,0 +1,202 @@
+"""EAGLE-3 chain speculative decoding (top-k 1), with the semantics of SGLang's EAGLE-3 worker.
+
+Per request, after the target has produced token x_n (not yet in its KV cache):
+  draft    d_1 comes from the last draft-extend; d_2..d_k from k-1 draft steps, each fed
+           the previous step's pre-norm output and the previous draft token
+  verify   the target runs [x_n, d_1..d_k] (k+1 tokens) and accepts the longest prefix
+           of drafts equal to its own greedy choices, plus one bonus token
+  extend   draft KV is cut back to the verified prefix and extended over the accepted
+           tokens with the target's aux hidden states, which yields the next d_1
+A plain step (speculation off) runs the target on x_n alone and still extends the draft
+by that one token, so the draft KV never goes stale. Greedy output is therefore the
+same whichever steps are taken. This is the step logic the serving engine reuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specgate.drafter import Eagle3Drafter, cached_attention
+from specgate.llama import KVCache, LlamaRunner
+
+
+@dataclass
+class Request:
+    slot: int
+    prompt: list[int]
+    max_new_tokens: int
+    eos_ids: frozenset = frozenset()
+    ignore_eos: bool = False
+    temperature: float = 0.0  # > 0 samples; plain steps only (speculative steps are greedy)
+    output: list[int] = field(default_factory=list)
+    draft_next: int | None = None  # d_1 for the next speculative step (target id)
+    draft_state: torch.Tensor | None = None  # pre-norm output of the last draft-extend position
+    verify_steps: int = 0
+    accepted_tokens: int = 0  # tokens produced by verify steps (accepted drafts + bonus)
+
+    @property
+    def done(self) -> bool:
+        if len(self.output) >= self.max_new_tokens:
+            return True
+        return bool(self.output) and not self.ignore_eos and self.output[-1] in self.eos_ids
+
+    def emit(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to max_new_tokens or EOS; return what was appended."""
+        out = []
+        for t in tokens:
+            if self.done:
+                break
+            self.output.append(t)
+            out.append(t)
+        return out
+
+
+def pick(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    """Next token per row: greedy, or sampled at the request's temperature."""
+    out = logits.argmax(-1)
+    for i, r in enumerate(reqs):
+        if r.temperature > 0:
+            out[i] = torch.multinomial(torch.softmax(logits[i].float() / r.temperature, -1), 1)[0]
+    return out
+
+
+class DraftRunner:
+    """The drafter with its own one-layer KV cache in the same slots as the target."""
+
+    def __init__(self, drafter: Eagle3Drafter, embed: torch.nn.Embedding, slots: int, max_len: int):
+        cfg = drafter.config
+        self.drafter = drafter.eval()
+        self.embed = embed
+        attn = drafter.midlayer.self_attn
+        dtype = next(drafter.parameters()).dtype
+        self.cache = KVCache(1, slots, attn.num_kv_heads, max_len, attn.head_dim, dtype, self.embed.weight.device)
+        self.dtype = dtype
+        del cfg
+
+    @torch.inference_mode()
+    def step(self, slots: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor):
+        """Run positions lengths[slot].. for tokens [B, n]; return (last pre-norm out [B, H], last draft id [B])."""
+        positions = self.cache.lengths[slots][:, None] + torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+        q, k, v, residual = self.drafter.begin(hidden.to(self.dtype), self.embed(tokens).to(self.dtype), positions)
+        out = self.drafter.end(self.cache.attend(0, slots, q, k, v), residual)
+        self.cache.advance(slots, tokens.shape[1])
+        last = out[:, -1]
+        return last, self.drafter.logits(last).argmax(-1)
+
+
+class SpecDecoder:
+    """Greedy decoding for a batch of requests, speculative or plain step by step."""
+
+    def __init__(self, target: LlamaRunner, drafter: Eagle3Drafter | None, slots: int, max_len: int):
+        self.target = target
+        self.target_cache = target.new_cache(slots, max_len)
+        self.draft = DraftRunner(drafter, target.body.embed_tokens, slots, max_len) if drafter is not None else None
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _draft_extend(self, reqs: list[Request], aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Extend each request's draft KV over positions with target aux [B, n, 3H] and tokens [B, n]."""
+        slots = torch.tensor([r.slot for r in reqs])
+        state, draft_ids = self.draft.step(slots, aux, next_tokens)
+        target_ids = self.draft.drafter.to_target_ids(draft_ids)
+        for i, r in enumerate(reqs):
+            r.draft_state, r.draft_next = state[i : i + 1], int(target_ids[i])
+
+    # -- the three operations -----------------------------------------------------
+
+    def prefill(self, req: Request) -> None:
+        """Run the prompt, emit the first token, and prime the draft."""
+        self.target_cache.lengths[req.slot] = 0
+        slots = torch.tensor([req.slot])
+        ids = torch.tensor([req.prompt])
+        logits, aux = self.target.forward(ids, self.target_cache, slots, logits_for="last")
+        first = int(pick(logits[:, -1], [req])[0])
+        req.emit([first])
+        if self.draft is not None:
+            self.draft.cache.lengths[req.slot] = 0
+            shifted = torch.tensor([req.prompt[1:] + [first]])
+            self._draft_extend([req], aux, shifted)
+
+    def plain_step(self, reqs: list[Request]) -> None:
+        """One target token per request; the draft is kept in sync by a one-token extend."""
+        slots = torch.tensor([r.slot for r in reqs])
+        last = torch.tensor([[r.output[-1]] for r in reqs])
+        logits, aux = self.target.forward(last, self.target_cache, slots)
+        nxt = pick(logits[:, -1], reqs)
+        for r, t in zip(reqs, nxt.tolist()):
+            r.emit([t])
+        if self.draft is not None:
+            self._draft_extend(reqs, aux, nxt[:, None])
+
+    def spec_step(self, reqs: list[Request], num_steps: int) -> None:
+        """Draft num_steps tokens per request, verify them in one target pass, accept a prefix."""
+        k = num_steps
+        slots = torch.tensor([r.slot for r in reqs])
+        # draft chain: d_1 is known; d_2..d_k from k-1 steps at positions P+1..P+k-1
+        drafts = [[r.draft_next] for r in reqs]
+        base_draft_len = self.draft.cache.lengths[slots].clone()
+        state = torch.cat([r.draft_state for r in reqs])
+        for _ in range(k - 1):
+            tokens = torch.tensor([[d[-1]] for d in drafts])
+            state, draft_ids = self.draft.step(slots, state[:, None], tokens)
+            for d, t in zip(drafts, self.draft.drafter.to_target_ids(draft_ids).tolist()):
+                d.append(t)
+        self.draft.cache.truncate(slots, base_draft_len)  # chain KV is never kept
+        # verify [x_n, d_1..d_k]
+        base_len = self.target_cache.lengths[slots].clone()
+        ids = torch.tensor([[r.output[-1]] + d for r, d in zip(reqs, drafts)])
+        logits, aux = self.target.forward(ids, self.target_cache, slots)
+        greedy = logits.argmax(-1).tolist()  # greedy[i][j] is the target's token after ids[i][: j + 1]
+        accepted = []
+        for r, d, g in zip(reqs, drafts, greedy):
+            a = 0
+            while a < k and d[a] == g[a]:
+                a += 1
+            accepted.append(a)
+            r.verify_steps += 1
+            r.accepted_tokens += a + 1
+            r.emit(d[:a] + [g[a]])
+        # keep x_n and the accepted drafts in the target KV; extend the draft over them
+        keep = torch.tensor(accepted) + 1
+        self.target_cache.truncate(slots, base_len + keep)
+        # rows differ in length: extend one request at a time over its own accepted span
+        for i, r in enumerate(reqs):
+            a = accepted[i]
+            span = torch.tensor([d_ for d_ in drafts[i][:a]] + [greedy[i][a]])[None, :]
+            self._draft_extend([r], aux[i : i + 1, : a + 1], span)
+
+
+def generate(decoder: SpecDecoder, req: Request, num_steps: int | None) -> Request:
+    """Decode one request to completion: speculative with num_steps drafts, or plain when None/0."""
+    decoder.prefill(req)
+    while not req.done:
+        if num_steps:
+            decoder.spec_step([req], num_steps)
+        else:
+            decoder.plain_step([req])
+    return req
+
+
+def generate_batch(decoder: SpecDecoder, reqs: list[Request], num_steps: int | None) -> list[Request]:
+    """Decode several requests together (one slot each) until all are done."""
+    for r in reqs:
+        decoder.prefill(r)
+    while live := [r for r in reqs if not r.done]:
+        if num_steps:
+            decoder.spec_step(live, num_steps)
+        else:
+            decoder.plain_step(live)
+    return reqs
+
+
+def load_drafter(draft_dir: str, device="cpu", dtype=None) -> Eagle3Drafter:
+    """An exported drafter (config.json + model.safetensors) as an Eagle3Drafter."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig.from_pretrained(draft_dir)
+    drafter = Eagle3Drafter(cfg)
+    drafter.load_state_dict(load_file(f"{draft_dir}/model.safetensors"), strict=True)
+    return drafter.to(device=device, dtype=dtype or torch.float32).eval()

@@ -1,0 +1,62 @@
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specgate.train import train_drafter
+
+SETTINGS = dict(ttt_length=3, epochs=2, batch_tokens=1024, lr=3e-3, checkpoint_every=3, device="cpu", precision="fp32", seed=0)
+
+
+def _job(tiny_target, tiny_capture, out):
+    index, vocab = tiny_capture
+    return dict(capture_index=str(index), vocab_path=str(vocab), target_dir=str(tiny_target),
+                out_weights=str(out / "drafter.safetensors"), out_metrics=str(out / "metrics.csv"), **SETTINGS)  # fmt: skip
+
+
+def test_training_learns_and_logs_metrics(tmp_path, tiny_target, tiny_capture):
+    train_drafter(**_job(tiny_target, tiny_capture, tmp_path))
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {"loss_0", "acc_0", "loss_2", "acc_2", "lr", "tokens_per_s", "tau_hat"} <= set(rows[0])
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    r = rows[-1]
+    acc = [float(r[f"acc_{k}"]) for k in range(3)]
+    assert float(r["tau_hat"]) == pytest.approx(1 + acc[0] + acc[0] * acc[1] + acc[0] * acc[1] * acc[2])
+    weights = load_file(tmp_path / "drafter.safetensors")
+    assert "midlayer.self_attn.q_proj.weight" in weights and weights["d2t"].dtype == torch.int64
+
+
+def test_resume_after_kill_9_ends_with_the_same_weights(tmp_path, tiny_target, tiny_capture):
+    ref = tmp_path / "ref"
+    train_drafter(**_job(tiny_target, tiny_capture, ref))
+
+    out = tmp_path / "killed"
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(_job(tiny_target, tiny_capture, out)))
+    proc = subprocess.Popen([sys.executable, "-m", "specgate.train", "--job", str(job_file)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    ckpts = out / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(p.name == "step_3" for p in ckpts.glob("step_*")):
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "drafter.safetensors").exists(), "the kill must land before the end"
+    steps = [int(p.name.split("_")[1]) for p in ckpts.glob("step_*") if ".tmp-" not in p.name]
+    assert steps and max(steps) >= 3
+
+    train_drafter(**_job(tiny_target, tiny_capture, out))  # resumes
+    got, want = load_file(out / "drafter.safetensors"), load_file(ref / "drafter.safetensors")
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+    with open(out / "metrics.csv") as f, open(ref / "metrics.csv") as g:
+        assert [r["step"] for r in csv.DictReader(f)] == [r["step"] for r in csv.DictReader(g)]
