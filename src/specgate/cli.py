@@ -48,6 +48,20 @@ def _check_draft(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    import logging
+
+    from specgate.engine import Engine, EngineConfig
+    from specgate.gate import GateConfig
+    from specgate.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps)
+    engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len, args.device))
+    serve(engine, args.host, args.port, args.served_model_name)
+    return 0
+
+
 def _bench_capture(args) -> int:
     from specgate.bench_capture import run_capture_benchmark
 
@@ -80,6 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("draft")
     p.add_argument("--target", required=True, help="the target model directory")
     p.set_defaults(func=_check_draft)
+
+    p = sub.add_parser("serve", help="serve a target (and EAGLE-3 drafter) with the reference engine")
+    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument("--draft", help="exported EAGLE-3 drafter directory; omit for no speculation")
+    p.add_argument("--num-steps", type=int, default=3, help="draft tokens per speculative step")
+    p.add_argument("--disable-at", type=int, help="gate: stop speculating at this many running requests")
+    p.add_argument("--enable-at", type=int, help="gate: resume at or below this many (default disable_at - 1)")
+    p.add_argument("--min-dwell-steps", type=int, default=0, help="gate: steps before another switch")
+    p.add_argument("--max-running", type=int, default=32)
+    p.add_argument("--max-len", type=int, default=2048, help="tokens per request (prompt + output)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--served-model-name")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench-capture", help="capture vs plain forward throughput over the same batches")
     p.add_argument("--target", default="results/target")

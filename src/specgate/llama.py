@@ -37,8 +37,16 @@ class KVCache:
             a, b = int(start[row]), int(end[row])
             self.k[layer, slot, :, a:b] = k[row]
             self.v[layer, slot, :, a:b] = v[row]
-        width = int(end.max())
-        keys, values = self.k[layer, slots, :, :width], self.v[layer, slots, :, :width]
+        first, rows = int(slots[0]), len(slots)
+        if n == 1 and rows > 1 and not bool((slots == torch.arange(first, first + rows, device=slots.device)).all()):
+            # scattered slots: attend row by row over views, instead of gathering a copy of the cache
+            return torch.cat([self._attend_rows(layer, slots[r : r + 1], q[r : r + 1], start[r : r + 1], end[r : r + 1])
+                              for r in range(rows)])  # fmt: skip
+        return self._attend_rows(layer, slice(first, first + rows), q, start, end)
+
+    def _attend_rows(self, layer, rows, q, start, end) -> torch.Tensor:
+        n, width = q.shape[2], int(end.max())
+        keys, values = self.k[layer, rows, :, :width], self.v[layer, rows, :, :width]
         # query i of row r sits at position start[r] + i and sees keys 0..start[r] + i
         pos_q = start[:, None] + torch.arange(n, device=q.device)[None, :]
         mask = torch.arange(width, device=q.device)[None, None, :] <= pos_q[:, :, None]

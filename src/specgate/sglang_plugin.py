@@ -1,0 +1,99 @@
+"""SGLang plugin: the specgate load gate inside SGLang's adaptive speculative decoding.
+
+Registered under the `sglang.srt.plugins` entry point; SGLang calls `register()` early
+in every process (tokenizer manager, schedulers, every TP rank). It adds two hooks
+through SGLang's HookRegistry, editing no SGLang file:
+
+  AROUND AdaptiveSpeculativeParams.get_steps_for_batch   the gate decides: the configured
+         number of draft steps while on, 0 while off. It sees the unpadded decode batch
+         size, once per decode step (prefills do not call it).
+  AROUND AdaptiveSpeculativeParams.on_verify_complete    returns None: SGLang's
+         acceptance-EMA never changes the step count, so only the gate decides.
+
+The decision depends only on the decode batch size, which every TP rank sees, and on
+the gate's own deterministic state, so all ranks decide alike every step.
+
+Settings come from the environment, set by specgate's launcher:
+  SPECGATE_GATE='{"num_steps": 3, "disable_at": 8, "enable_at": null, "min_dwell_steps": 0}'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from specgate.gate import Gate, GateConfig
+
+log = logging.getLogger("specgate.gate")
+TARGET = "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams"
+ENV = "SPECGATE_GATE"
+LOG_EVERY = 1000  # decisions between counter lines
+
+
+def gate_settings() -> dict | None:
+    raw = os.environ.get(ENV)
+    if not raw:
+        return None
+    settings = json.loads(raw)
+    unknown = set(settings) - {"num_steps", "disable_at", "enable_at", "min_dwell_steps"}
+    if unknown:
+        raise ValueError(f"{ENV}: unknown keys {sorted(unknown)}")
+    return settings
+
+
+def _hooked_api():
+    """The SGLang pieces the hooks need, or the reason they are missing."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+        from sglang.srt.speculative import adaptive_spec_params
+    except ImportError as e:
+        return None, f"SGLang lacks the plugin or adaptive-speculation API ({e})"
+    cls = getattr(adaptive_spec_params, "AdaptiveSpeculativeParams", None)
+    missing = [m for m in ("get_steps_for_batch", "on_verify_complete") if not callable(getattr(cls, m, None))]
+    if cls is None or missing:
+        return None, f"SGLang's AdaptiveSpeculativeParams lacks {missing or 'itself'}"
+    return (HookRegistry, HookType), None
+
+
+def make_hooks(settings: dict):
+    """The two AROUND hooks, sharing one gate per AdaptiveSpeculativeParams instance."""
+    config = GateConfig(settings.get("disable_at"), settings.get("enable_at"), settings.get("min_dwell_steps", 0))
+    num_steps = int(settings.get("num_steps", 3))
+
+    def get_steps_for_batch(original, self, batch_size, *args, **kwargs):
+        gate = self.__dict__.get("_specgate_gate")
+        if gate is None:
+            gate = self.__dict__["_specgate_gate"] = Gate(GateConfig(config.disable_at, config.enable_at, config.min_dwell_steps))
+            log.info("specgate gate active: %s, %d draft steps while on (pid %d)", gate.counters(), num_steps, os.getpid())
+        before = gate.switches
+        on = gate.decide(int(batch_size))
+        if gate.switches != before or (gate.steps_on + gate.steps_off) % LOG_EVERY == 0:
+            log.info("specgate gate %s at batch %d: %s", "on" if on else "off", batch_size, json.dumps(gate.counters()))
+        return num_steps if on else 0
+
+    def on_verify_complete(original, self, *args, **kwargs):
+        return None  # acceptance-EMA step changes are switched off: the gate alone decides
+
+    return get_steps_for_batch, on_verify_complete
+
+
+def register() -> None:
+    """Entry point called by SGLang's plugin loader."""
+    try:
+        settings = gate_settings()
+    except (ValueError, json.JSONDecodeError) as e:
+        log.error("specgate gate plugin: bad %s (%s); not installed", ENV, e)
+        return
+    if settings is None:
+        log.info("specgate gate plugin: %s not set; not installed", ENV)
+        return
+    api, reason = _hooked_api()
+    if api is None:
+        log.warning("specgate gate plugin: %s; not installed, SGLang runs unchanged", reason)
+        return
+    registry, hook_type = api
+    get_steps, on_verify = make_hooks(settings)
+    registry.register(f"{TARGET}.get_steps_for_batch", get_steps, hook_type.AROUND)
+    registry.register(f"{TARGET}.on_verify_complete", on_verify, hook_type.AROUND)
+    log.info("specgate gate plugin: hooks registered on %s (%s)", TARGET, settings)

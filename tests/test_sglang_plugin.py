@@ -1,0 +1,73 @@
+"""The gate plugin against real SGLang source (0.5.15 and the newest release), on CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specgate.gate import Gate, GateConfig
+
+HERE = Path(__file__).parent
+
+
+def sglang_dirs() -> list[str | None]:
+    """SGLang installs to test: SPECGATE_SGLANG_DIRS (set by .ci/run), else an installed sglang."""
+    dirs = [d for d in os.environ.get("SPECGATE_SGLANG_DIRS", "").split(os.pathsep) if d]
+    if dirs:
+        return dirs
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("sglang") is not None:
+            return [None]
+    except ValueError:
+        pass
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must provide SGLang for the plugin tests (SPECGATE_SGLANG_DIRS)")
+    return []
+
+
+def run_check(sglang_dir, gate, trace):
+    env = dict(os.environ, SPECGATE_GATE=json.dumps(gate))
+    if sglang_dir:
+        env["PYTHONPATH"] = os.pathsep.join([sglang_dir, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(HERE / "sglang/check_plugin.py"), json.dumps(trace)],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    return result, proc.stdout
+
+
+@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
+@pytest.mark.parametrize("gate", [{"num_steps": 3, "disable_at": 4}, {"num_steps": 5, "disable_at": 8, "enable_at": 3, "min_dwell_steps": 2}])
+def test_gate_decides_sglang_steps(sglang_dir, gate):
+    trace = [1, 2, 3, 4, 5, 9, 16, 7, 5, 4, 3, 2, 1, 1, 8, 8, 2, 1]
+    result, log = run_check(sglang_dir, gate, trace)
+    ref = Gate(GateConfig(gate["disable_at"], gate.get("enable_at"), gate.get("min_dwell_steps", 0)))
+    assert result["steps"] == [gate["num_steps"] if ref.decide(b) else 0 for b in trace]
+    assert 0 in result["steps"] and gate["num_steps"] in result["steps"]
+    assert result["ema"] == [None] * 50, "SGLang's acceptance EMA must not change steps"
+    assert "Executed general plugin: specgate_gate" in log  # found through the entry point
+    assert "specgate gate off at batch" in log
+
+
+def test_plugin_refuses_cleanly_without_the_hooked_api(tmp_path):
+    # an SGLang whose adaptive_spec_params lacks AdaptiveSpeculativeParams.get_steps_for_batch
+    pkg = tmp_path / "sglang" / "srt"
+    (pkg / "plugins").mkdir(parents=True)
+    (pkg / "speculative").mkdir()
+    for d in (tmp_path / "sglang", pkg, pkg / "speculative"):
+        (d / "__init__.py").write_text("")
+    (pkg / "plugins" / "__init__.py").write_text("")
+    (pkg / "plugins" / "hook_registry.py").write_text("class HookRegistry: pass\nclass HookType: AROUND = 'around'\n")
+    (pkg / "speculative" / "adaptive_spec_params.py").write_text("class AdaptiveSpeculativeParams:\n    pass\n")
+    code = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n" \
+           "from specgate.sglang_plugin import register; register()"  # fmt: skip
+    env = dict(os.environ, SPECGATE_GATE=json.dumps({"disable_at": 4}), PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    lines = [line for line in out.splitlines() if "specgate gate plugin" in line]
+    assert len(lines) == 1 and "lacks ['get_steps_for_batch', 'on_verify_complete']" in lines[0]
+    assert "not installed" in lines[0]
