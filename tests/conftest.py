@@ -91,3 +91,73 @@ def tiny_capture(tmp_path_factory, tiny_target, tiny_tokens):
                           batch_tokens=2048, shard_tokens=8192, device="cpu")  # fmt: skip
     build_vocab_stage(str(tiny_tokens), str(tiny_target), str(d / "vocab.safetensors"), str(d / "vocab.json"), 256)
     return d / "index.json", d / "vocab.safetensors"
+
+
+COUNT_RANGE = 2048  # the counting target has learned next = previous + 1 for token ids below this
+
+
+def counting_prompt(start: int, length: int = 6) -> list[int]:
+    return [(start + i) % COUNT_RANGE for i in range(length)]
+
+
+@pytest.fixture(scope="session")
+def counting_target(tmp_path_factory, smollm2_tokenizer):
+    """A tiny Llama trained for a few seconds to count (next token id = previous + 1, below
+    COUNT_RANGE): a real target whose greedy output a drafter can learn, so acceptance is real."""
+    from transformers import AutoModelForCausalLM
+
+    from specgate.target import materialize_target
+
+    src = make_tiny_llama(tmp_path_factory.mktemp("counting") / "init", smollm2_tokenizer, layers=8, seed=1)
+    model = AutoModelForCausalLM.from_pretrained(src).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        start = torch.randint(0, COUNT_RANGE, (16, 1), generator=gen)
+        ids = (start + torch.arange(64)) % COUNT_RANGE
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval().save_pretrained(src)
+    out = tmp_path_factory.mktemp("counting") / "target"
+    materialize_target(out, source="hf_dir", path=str(src), dtype="float32")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tmp_path_factory, counting_target):
+    """An exported drafter for the counting target, trained on that target's own greedy
+    continuations (the regenerate -> tokenize -> capture -> vocab -> train -> export chain)."""
+    import random
+
+    from specgate.capture import capture_hidden_states
+    from specgate.export import export_drafter
+    from specgate.train import train_drafter
+    from specgate.vocab import build_vocab_stage
+
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("drafter")
+    target = counting_target
+    # the target's own continuations of counting prompts, as a tokenized set
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target)
+    rng = random.Random(0)
+    seqs = []
+    with torch.no_grad():
+        for _ in range(4):
+            prompts = torch.tensor([counting_prompt(rng.randrange(COUNT_RANGE)) for _ in range(32)])
+            seqs += model.generate(prompts, max_new_tokens=58, do_sample=False, pad_token_id=0).tolist()
+    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+    mask = torch.tensor([int(i >= 6) for s in seqs for i in range(len(s))], dtype=torch.uint8)
+    offsets = torch.tensor([0] + [64 * (i + 1) for i in range(len(seqs))], dtype=torch.int64)
+    save_file({"input_ids": flat, "loss_mask": mask, "offsets": offsets}, str(d / "tokens.safetensors"))
+    capture_hidden_states(str(target), str(d / "tokens.safetensors"), str(d / "capture/index.json"), layers=None,
+                          dtype="float32", batch_tokens=4096, shard_tokens=1 << 20, device="cpu")  # fmt: skip
+    build_vocab_stage(str(d / "tokens.safetensors"), str(target), str(d / "vocab.safetensors"), str(d / "v.json"), COUNT_RANGE)
+    train_drafter(str(d / "capture/index.json"), str(d / "vocab.safetensors"), str(target), str(d / "w.safetensors"),
+                  str(d / "m.csv"), ttt_length=3, epochs=30, batch_tokens=2048, lr=3e-3, device="cpu", precision="fp32")  # fmt: skip
+    export_drafter(str(d / "w.safetensors"), str(d / "drafter"), str(target), "float32")
+    return d / "drafter"

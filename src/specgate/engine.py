@@ -131,7 +131,13 @@ class Engine:
                 return
             block = False
             job.request.slot = self._free.popleft()
-            self.decoder.prefill(job.request)
+            try:
+                self.decoder.prefill(job.request)
+            except Exception as e:  # this request fails; the others go on
+                log.exception("prefill failed")
+                self._free.append(job.request.slot)
+                job.on_done(None, f"engine error: {e}")
+                continue
             self._running.append(job)
             self._deliver(job)
 

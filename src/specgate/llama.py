@@ -38,7 +38,7 @@ class KVCache:
             self.k[layer, slot, :, a:b] = k[row]
             self.v[layer, slot, :, a:b] = v[row]
         first, rows = int(slots[0]), len(slots)
-        if n == 1 and rows > 1 and not bool((slots == torch.arange(first, first + rows, device=slots.device)).all()):
+        if rows > 1 and not bool((slots == torch.arange(first, first + rows, device=slots.device)).all()):
             # scattered slots: attend row by row over views, instead of gathering a copy of the cache
             return torch.cat([self._attend_rows(layer, slots[r : r + 1], q[r : r + 1], start[r : r + 1], end[r : r + 1])
                               for r in range(rows)])  # fmt: skip
@@ -88,7 +88,7 @@ class LlamaRunner:
         x = self.body.embed_tokens(ids)
         cos, sin = self.body.rotary_emb(x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        aux = []
+        aux = {}
         for i, layer in enumerate(self.body.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -100,9 +100,9 @@ class LlamaRunner:
             x = x + attn.o_proj(o.transpose(1, 2).reshape(b, n, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if i in self.aux_layers:  # EAGLE-3 layer id L = output of decoder layer L
-                aux.append(x)
+                aux[i] = x
         cache.advance(slots, n)
         final = self.body.norm(x if logits_for == "all" else x[:, -1:])
         logits = self.model.get_output_embeddings()(final)
-        aux_out = torch.cat([aux[self.aux_layers.index(L)] for L in self.aux_layers], dim=-1) if aux else None
+        aux_out = torch.cat([aux[L] for L in self.aux_layers], dim=-1) if aux else None
         return logits, aux_out
