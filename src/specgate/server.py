@@ -78,16 +78,20 @@ class Api:
             loop.call_soon_threadsafe(events.put_nowait, ("error", error) if error else ("done", reason))
 
         try:
-            self.engine.submit(prompt, max_tokens, ignore_eos, on_tokens, on_done)
+            job = self.engine.submit(prompt, max_tokens, ignore_eos, on_tokens, on_done)
         except ValueError as e:
             raise BadRequest(str(e)) from e
         while True:
             kind, payload = await events.get()
+            if kind == "done":  # the finished request's own speculation counters
+                r = job.request
+                payload = (payload, {"spec_verify_ct": r.verify_steps,
+                                     "spec_accept_length": r.accepted_tokens / r.verify_steps if r.verify_steps else None})  # fmt: skip
             yield kind, payload
             if kind in ("done", "error"):
                 return
 
-    async def _collect(self, prompt, max_tokens, ignore_eos) -> tuple[list[int], str]:
+    async def _collect(self, prompt, max_tokens, ignore_eos) -> tuple[list[int], str, dict]:
         ids: list[int] = []
         async for kind, payload in self._run(prompt, max_tokens, ignore_eos):
             if kind == "tokens":
@@ -95,7 +99,7 @@ class Api:
             elif kind == "error":
                 raise web.HTTPServiceUnavailable(text=json.dumps({"error": {"message": payload}}), content_type="application/json")
             else:
-                return ids, payload
+                return ids, *payload
         raise RuntimeError("unreachable")
 
     # -- parsing ------------------------------------------------------------------
@@ -154,7 +158,7 @@ class Api:
             return {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
 
         if not body.get("stream"):
-            ids, reason = await self._collect(prompt, max_tokens, ignore_eos)
+            ids, reason, _ = await self._collect(prompt, max_tokens, ignore_eos)
             text = detok.push(ids) + detok.push([])
             choice = {"index": 0, "finish_reason": reason}
             choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None}
@@ -184,7 +188,7 @@ class Api:
                 await send({"error": {"message": payload, "type": "server_error"}})
                 break
             else:
-                final = chunk("", payload)
+                final = chunk("", payload[0])
                 if (body.get("stream_options") or {}).get("include_usage"):
                     final["usage"] = usage(n)
                 await send(final)
@@ -204,8 +208,7 @@ class Api:
             prompt = self._prompt_ids(body.get("text"))
         max_new = _int(params, "max_new_tokens", 128)
         t0 = time.perf_counter()
-        ids, reason = await self._collect(prompt, max_new, bool(params.get("ignore_eos", False)))
-        stats = self._last_request_stats
+        ids, reason, stats = await self._collect(prompt, max_new, bool(params.get("ignore_eos", False)))
         return web.json_response({
             "text": self.engine.tokenizer.decode(ids, skip_special_tokens=True),
             "output_ids": ids,
@@ -213,16 +216,11 @@ class Api:
                           "finish_reason": {"type": reason}, "e2e_latency": time.perf_counter() - t0, **stats},
         })  # fmt: skip
 
-    @property
-    def _last_request_stats(self) -> dict:
-        # per-request speculation counters are not tracked through the callbacks; report the server's
-        return {"spec_verify_ct": self.engine.verify_steps, "spec_accept_length": self.engine.stats()["avg_spec_accept_length"]}
-
     async def health(self, request):
         return web.Response(text="ok")
 
     async def health_generate(self, request):
-        ids, _ = await self._collect(self.engine.tokenizer("ping", add_special_tokens=False)["input_ids"], 1, True)
+        ids, _, _ = await self._collect(self.engine.tokenizer("ping", add_special_tokens=False)["input_ids"], 1, True)
         return web.Response(text="ok" if ids else "no tokens", status=200 if ids else 503)
 
     async def models(self, request):

@@ -66,14 +66,12 @@ class DraftRunner:
     """The drafter with its own one-layer KV cache in the same slots as the target."""
 
     def __init__(self, drafter: Eagle3Drafter, embed: torch.nn.Embedding, slots: int, max_len: int):
-        cfg = drafter.config
         self.drafter = drafter.eval()
         self.embed = embed
         attn = drafter.midlayer.self_attn
         dtype = next(drafter.parameters()).dtype
         self.cache = KVCache(1, slots, attn.num_kv_heads, max_len, attn.head_dim, dtype, self.embed.weight.device)
         self.dtype = dtype
-        del cfg
 
     @torch.inference_mode()
     def step(self, slots: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor):

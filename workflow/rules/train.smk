@@ -7,18 +7,18 @@ rule train:
     output:
         weights="results/train/drafter.safetensors",
         metrics="results/train/metrics.csv",
+    log:
+        "results/logs/train.log",
+    benchmark:
+        "results/benchmarks/train.tsv"
+    conda:
+        "../../envs/specgate.yaml"
+    threads: workflow.cores
     params:
         train=config["train"],
         seed=config["seed"],
         device=config["device"],
         code=fingerprint("train"),
-    threads: workflow.cores
-    conda:
-        "../../envs/specgate.yaml"
-    log:
-        "results/logs/train.log",
-    benchmark:
-        "results/benchmarks/train.tsv"
     script:
         "../scripts/train_drafter.py"
 
@@ -29,15 +29,15 @@ rule export:
         target="results/target",
     output:
         directory("results/drafter"),
-    params:
-        dtype=config["export"]["dtype"],
-        code=fingerprint("export"),
-    conda:
-        "../../envs/specgate.yaml"
     log:
         "results/logs/export.log",
     benchmark:
         "results/benchmarks/export.tsv"
+    conda:
+        "../../envs/specgate.yaml"
+    params:
+        dtype=config["export"]["dtype"],
+        code=fingerprint("export"),
     script:
         "../scripts/export_drafter.py"
 
@@ -50,16 +50,16 @@ rule acceptance:
         metrics="results/train/metrics.csv",
     output:
         "results/acceptance.csv",
-    params:
-        acceptance=config["acceptance"],
-        device=config["device"],
-        code=fingerprint("acceptance"),
-    threads: workflow.cores
-    conda:
-        "../../envs/specgate.yaml"
     log:
         "results/logs/acceptance.log",
     benchmark:
         "results/benchmarks/acceptance.tsv"
+    conda:
+        "../../envs/specgate.yaml"
+    threads: workflow.cores
+    params:
+        acceptance=config["acceptance"],
+        device=config["device"],
+        code=fingerprint("acceptance"),
     script:
         "../scripts/measure_acceptance.py"
