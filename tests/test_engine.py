@@ -69,11 +69,11 @@ def test_acceptance_survives_gate_off_periods(counting_target, tiny_drafter):
     model = AutoModelForCausalLM.from_pretrained(counting_target)
     drafter = load_drafter(str(tiny_drafter))
     tokenizer = AutoTokenizer.from_pretrained(counting_target)
-    prompts = _prompts(tokenizer, 8)
+    prompts = _prompts(tokenizer, 32)
 
     def tau(schedule):
         decoder = SpecDecoder(LlamaRunner(model, drafter.config.eagle_config["eagle_aux_hidden_state_layer_ids"]),
-                              drafter, slots=8, max_len=400)  # fmt: skip
+                              drafter, slots=32, max_len=400)  # fmt: skip
         reqs = [Request(i, p, 56, frozenset(), ignore_eos=True) for i, p in enumerate(prompts)]
         for r in reqs:
             decoder.prefill(r)
@@ -81,10 +81,21 @@ def test_acceptance_survives_gate_off_periods(counting_target, tiny_drafter):
         while live := [r for r in reqs if not r.done]:
             decoder.spec_step(live, 3) if schedule(step) else decoder.plain_step(live)
             step += 1
-        return sum(r.accepted_tokens for r in reqs) / sum(r.verify_steps for r in reqs), reqs
+        return sum(r.accepted_tokens for r in reqs) / sum(r.verify_steps for r in reqs), reqs, decoder
 
-    always, ref = tau(lambda s: True)
-    gated, out = tau(lambda s: (s // 3) % 2 == 0)  # 3 steps on, 3 off, ...
+    always, ref, _ = tau(lambda s: True)
+    gated, out, decoder = tau(lambda s: (s // 3) % 2 == 0)  # 3 steps on, 3 off, ...
     assert always > 1.5, "the drafter must accept something for this test to mean anything"
     assert abs(gated - always) / always < 0.05, (gated, always)
     assert [r.output for r in out] == [r.output for r in ref]
+
+    # why: the draft KV after gated decoding equals a fresh draft-extend over the same tokens
+    fresh = SpecDecoder(LlamaRunner(model, drafter.config.eagle_config["eagle_aux_hidden_state_layer_ids"]),
+                        drafter, slots=1, max_len=400)  # fmt: skip
+    r = out[0]
+    whole = Request(0, r.prompt + r.output[:-1], 1, frozenset(), ignore_eos=True)
+    fresh.prefill(whole)
+    n = len(r.prompt) + len(r.output) - 1
+    assert int(decoder.draft.cache.lengths[0]) >= n
+    torch.testing.assert_close(decoder.draft.cache.k[0, 0, :, :n], fresh.draft.cache.k[0, 0, :, :n], rtol=1e-4, atol=1e-4)
+

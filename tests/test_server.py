@@ -129,8 +129,7 @@ def test_startup_failure_raises_with_the_log_tail(tmp_path):
 
 PARENT = textwrap.dedent("""
     import sys, time
-    from conftest import counting_prompt
-from specgate.lifecycle import ManagedServer
+    from specgate.lifecycle import ManagedServer
     cmd, port, log = sys.argv[1].split("\\x1f"), int(sys.argv[2]), sys.argv[3]
     with ManagedServer(cmd, port, log, ready_timeout=120) as s:
         print(s.proc.pid, flush=True)

@@ -47,7 +47,7 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    os.setsid()
+    os.setpgid(0, 0)  # own process group, same session, so the watchdog can join it
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -76,7 +76,7 @@ class ManagedServer:
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.env, preexec_fn=_die_with_parent)  # fmt: skip
         log.close()
-        group = self.proc.pid  # setsid made the server its group leader
+        group = self.proc.pid  # the server leads its own process group
         self.watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(group)],
                                          preexec_fn=lambda: os.setpgid(0, group), stdin=subprocess.DEVNULL)  # fmt: skip
         for sig in (signal.SIGINT, signal.SIGTERM):

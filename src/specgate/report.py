@@ -24,9 +24,13 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def stage_times(bench_dir: Path) -> list[list]:
+STAGES = ["target", "prepare_data", "regenerate", "tokenize", "capture", "vocab", "train", "export", "acceptance"]
+
+
+def stage_times(bench_dir: Path, stages: list[str]) -> list[list]:
+    """Wall time and peak memory of each stage of this config, from Snakemake's benchmark files."""
     rows = []
-    for tsv in sorted(bench_dir.glob("*.tsv")):
+    for tsv in [bench_dir / f"{s}.tsv" for s in stages if (bench_dir / f"{s}.tsv").exists()]:
         with open(tsv) as f:
             rec = next(csv.DictReader(f, delimiter="\t"))
         rows.append([tsv.stem, f"{float(rec['s']):.1f}", f"{float(rec['max_rss']):.0f}"])
@@ -112,9 +116,12 @@ def write_report(out: str, *, config: dict, target: str, data_summary: str, toke
                         [[r["source"], r["num_steps"], r["prompts"], r["verify_steps"], r["tau"],
                           f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-"] for r in acc_rows]))  # fmt: skip
 
-    times = stage_times(Path("results/benchmarks"))
+    stages = [s for s in STAGES if s != "regenerate" or regen_summary]
+    times = stage_times(Path("results/benchmarks"), stages)
     if times:
-        parts += ["", "## Stage times (this run's Snakemake benchmarks)", "", _table(["stage", "wall s", "max RSS MB"], times)]
+        total = sum(float(r[1]) for r in times)
+        parts += ["", "## Stage times (Snakemake benchmarks of the last run of each stage)", "",
+                  _table(["stage", "wall s", "max RSS MB"], [*times, ["total", f"{total:.1f}", ""]])]  # fmt: skip
     parts += ["", "Later stages (serving, the threshold sweep and the cost model) are not built yet.", ""]
     with atomic_path(out) as tmp:
         tmp.write_text("\n".join(parts))
