@@ -131,12 +131,12 @@ def tiny_drafter(tmp_path_factory, counting_target):
     continuations (the regenerate -> tokenize -> capture -> vocab -> train -> export chain)."""
     import random
 
+    from safetensors.torch import save_file
+
     from specgate.capture import capture_hidden_states
     from specgate.export import export_drafter
     from specgate.train import train_drafter
     from specgate.vocab import build_vocab_stage
-
-    from safetensors.torch import save_file
 
     d = tmp_path_factory.mktemp("drafter")
     target = counting_target
@@ -161,3 +161,21 @@ def tiny_drafter(tmp_path_factory, counting_target):
                   str(d / "m.csv"), ttt_length=3, epochs=20, batch_tokens=2048, lr=3e-3, device="cpu", precision="fp32")  # fmt: skip
     export_drafter(str(d / "w.safetensors"), str(d / "drafter"), str(target), "float32")
     return d / "drafter"
+
+
+def kill_9_when(module: str, job: dict, job_file, ready, timeout: float = 300) -> None:
+    """Run `python -m module --job FILE` and SIGKILL it as soon as ready() holds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    job_file.write_text(json.dumps(job))
+    proc = subprocess.Popen([sys.executable, "-m", module, "--job", str(job_file)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + timeout
+    while time.time() < deadline and not ready():
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()

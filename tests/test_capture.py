@@ -1,12 +1,8 @@
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
+from conftest import kill_9_when
 
 from specgate.capture import (
     CaptureDataset,
@@ -75,16 +71,9 @@ def test_resume_after_kill_9(tmp_path, target, tokens):
     assert n_shards >= 10
 
     out = tmp_path / "killed"
-    job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps(_job(target, tokens, out)))
-    proc = subprocess.Popen([sys.executable, "-m", "specgate.capture", "--job", str(job_file)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     shards = out / "shards"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(shards.glob("shard_*.safetensors"))) < 3:
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_when("specgate.capture", _job(target, tokens, out), tmp_path / "job.json",
+                lambda: len(list(shards.glob("shard_*.safetensors"))) >= 3)  # fmt: skip
     done_before = sorted(p.name for p in shards.glob("shard_*.safetensors"))
     assert 3 <= len(done_before) < n_shards, "the kill must land mid-run"
     assert not (out / "index.json").exists()

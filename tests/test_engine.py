@@ -4,8 +4,8 @@ import threading
 
 import pytest
 import torch
-
 from conftest import counting_prompt
+
 from specgate.engine import Engine, EngineConfig
 from specgate.gate import GateConfig
 from specgate.llama import LlamaRunner

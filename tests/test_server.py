@@ -10,8 +10,8 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import counting_prompt
+
 from specgate.lifecycle import ManagedServer, ServerFailed, free_port
 
 pytestmark = pytest.mark.slow

@@ -1,13 +1,8 @@
 import csv
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
+from conftest import kill_9_when
 from safetensors.torch import load_file
 
 from specgate.train import train_drafter
@@ -39,16 +34,9 @@ def test_resume_after_kill_9_ends_with_the_same_weights(tmp_path, tiny_target, t
     train_drafter(**_job(tiny_target, tiny_capture, ref))
 
     out = tmp_path / "killed"
-    job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps(_job(tiny_target, tiny_capture, out)))
-    proc = subprocess.Popen([sys.executable, "-m", "specgate.train", "--job", str(job_file)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     ckpts = out / "checkpoints"
-    deadline = time.time() + 300
-    while time.time() < deadline and not any(p.name == "step_3" for p in ckpts.glob("step_*")):
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_when("specgate.train", _job(tiny_target, tiny_capture, out), tmp_path / "job.json",
+                lambda: any(p.name == "step_3" for p in ckpts.glob("step_*")))  # fmt: skip
     assert not (out / "drafter.safetensors").exists(), "the kill must land before the end"
     steps = [int(p.name.split("_")[1]) for p in ckpts.glob("step_*") if ".tmp-" not in p.name]
     assert steps and max(steps) >= 3

@@ -12,8 +12,6 @@ import logging
 import time
 from collections import defaultdict
 
-import torch
-
 from specgate.chat import eos_ids, prompt_ids
 from specgate.files import atomic_path, read_jsonl
 from specgate.llama import LlamaRunner
@@ -41,10 +39,10 @@ def measure_acceptance(target_dir: str, draft_dir: str, eval_jsonl: str, metrics
                        max_prompt_tokens: int = 1024, device: str = "cpu", **_unused) -> list[dict]:  # fmt: skip
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specgate.runtime import keep_freed_memory
+    from specgate.runtime import keep_freed_memory, pick_device
 
     keep_freed_memory()
-    device = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    device = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype="auto").to(device)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     drafter = load_drafter(draft_dir, device, next(model.parameters()).dtype)

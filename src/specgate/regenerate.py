@@ -17,16 +17,10 @@ from tqdm import tqdm
 from specgate.chat import eos_ids, prompt_ids
 from specgate.files import ShardDir, read_jsonl, sha256_file, stable_hash, write_json, write_jsonl
 from specgate.llama import LlamaRunner
-from specgate.runtime import keep_freed_memory
+from specgate.runtime import keep_freed_memory, pick_device
 from specgate.spec_decode import Request, SpecDecoder, generate_batch
 
 log = logging.getLogger(__name__)
-
-
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def generate_replies(decoder: SpecDecoder, tokenizer, eos, histories: list[list[dict]], max_new_tokens: int,

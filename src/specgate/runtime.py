@@ -66,3 +66,12 @@ def worker_main(fn) -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     fn(**json.loads(Path(args.job).read_text()))
+
+
+def pick_device(device: str):
+    """`auto` -> CUDA when present, else CPU."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)

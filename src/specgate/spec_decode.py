@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgate.drafter import Eagle3Drafter, cached_attention
+from specgate.drafter import Eagle3Drafter
 from specgate.llama import KVCache, LlamaRunner
 
 
@@ -162,7 +162,7 @@ class SpecDecoder:
         # rows differ in length: extend one request at a time over its own accepted span
         for i, r in enumerate(reqs):
             a = accepted[i]
-            span = torch.tensor([d_ for d_ in drafts[i][:a]] + [greedy[i][a]])[None, :]
+            span = torch.tensor(drafts[i][:a] + [greedy[i][a]])[None, :]
             self._draft_extend([r], aux[i : i + 1, : a + 1], span)
 
 
