@@ -2,6 +2,7 @@
 # and find the batch size at which speculation should stop.
 #
 #   snakemake --cores all results/report.md
+#   snakemake --cores all                     # also the archive, results/archive/<run-id>.tar.gz
 #
 # config/config.yaml is the embedded default (CPU, no network). `--configfile X`
 # replaces it entirely: every config file is complete and validated on its own.
@@ -18,10 +19,16 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/capture.smk"
 include: "workflow/rules/vocab.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/bench.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/archive.smk"
+
+
+report: "workflow/report/workflow.rst"
 
 
 rule all:
     default_target: True
     input:
         "results/report.md",
+        f"results/archive/{run_id()}.tar.gz",

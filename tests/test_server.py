@@ -90,6 +90,9 @@ def test_native_generate_and_info(server):
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "'messages[0]'"),
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": "ten"}}, "'max_new_tokens'"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, "exceeds the context limit"),
+    # a streamed request is checked before its stream starts
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000, "stream": True},
+     "exceeds the context limit"),
 ])  # fmt: skip
 def test_malformed_requests_get_400_with_a_message(server, path, body, message):
     status, reply = post(f"{server.url}{path}", body)

@@ -71,3 +71,8 @@ def test_plugin_refuses_cleanly_without_the_hooked_api(tmp_path):
     lines = [line for line in out.splitlines() if "specgate gate plugin" in line]
     assert len(lines) == 1 and "lacks ['get_steps_for_batch', 'on_verify_complete']" in lines[0]
     assert "not installed" in lines[0]
+    # before SGLang configures logging (as when its plugin loader runs), the line still reaches stderr
+    code = "from specgate.sglang_plugin import register; register()"
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stderr
+    said = [line for line in err.splitlines() if line.startswith("[specgate] specgate gate plugin:")]
+    assert len(said) == 1 and "lacks ['get_steps_for_batch', 'on_verify_complete']" in said[0]

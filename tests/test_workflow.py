@@ -24,12 +24,17 @@ def snakemake(workdir, *args, env=None):
     return out
 
 
+def planned_counts(output: str) -> dict[str, int]:
+    """Rule name -> job count, from the 'Job stats' table of a dry run."""
+    if "Nothing to be done" in output:
+        return {}
+    table = output.split("Job stats:")[1].split("total")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+
+
 def planned_jobs(output: str) -> set[str]:
     """Rule names in the 'Job stats' table of a dry run."""
-    if "Nothing to be done" in output:
-        return set()
-    table = output.split("Job stats:")[1].split("total")[0]
-    return {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+\s*$", table, re.M)} - {"job"}
+    return set(planned_counts(output)) - {"job"}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +54,9 @@ def workdir(tmp_path_factory, tiny_llama_dir):
     config["vocab"]["draft_vocab_size"] = 512
     config["train"] |= {"ttt_length": 2, "epochs": 1, "batch_tokens": 1024, "checkpoint_every": 5}
     config["acceptance"] |= {"num_steps": [2], "max_new_tokens": 8, "prompts_per_source": 2, "batch_size": 2}
+    config["serve"] = {"num_steps": 2, "max_running": 4, "max_len": 512, "ready_timeout": 120}
+    config["bench"] = {"thresholds": [2], "concurrency": [1, 2], "min_requests": 2, "requests_per_concurrency": 1,
+                       "warmup_requests": 1, "prompts": 6, "max_tokens": 8}  # fmt: skip
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     # A private copy of the package, first on PYTHONPATH, so the test can edit its code.
     shutil.copytree(REPO / "src/specgate", work / "pkg/specgate")
@@ -64,10 +72,21 @@ def test_full_chain_builds_every_artifact(workdir):
                  "results/drafter/model.safetensors", "results/acceptance.csv", "results/report.md"]:  # fmt: skip
         assert (work / path).exists(), path
     report = (work / "results/report.md").read_text()
-    for section in ["## Hidden-state capture", "## Draft vocabulary", "## Drafter training", "## Acceptance length"]:
+    for section in ["## Hidden-state capture", "## Draft vocabulary", "## Drafter training", "## Acceptance length",
+                    "## Threshold sweep", "## Envelope efficiency", "## Recommended threshold", "## Cost model"]:  # fmt: skip
         assert section in report
-    for rule in ["target", "prepare_data", "tokenize", "capture", "vocab", "train", "export", "acceptance", "report"]:
+    assert "## Recommended threshold\n\n**" in report and "(gate_2)" in report
+    for rule in ["target", "prepare_data", "tokenize", "capture", "vocab", "train", "export", "acceptance", "report",
+                 "bench/nospec", "bench/always", "bench/gate_2"]:  # fmt: skip
         assert (work / f"results/logs/{rule}.log").exists(), rule
+    for variant in ["nospec", "always", "gate_2"]:
+        summary = (work / f"results/bench/{variant}.csv").read_text().splitlines()
+        assert len(summary) == 3 and summary[0].startswith("variant,engine,server_version,disable_at")
+        assert len((work / f"results/bench/{variant}.jsonl").read_text().splitlines()) == 2 + 2
+    for plot in ["training", "throughput", "latency", "envelope", "cost_model"]:
+        assert (work / f"results/report/{plot}.png").read_bytes()[:4] == b"\x89PNG"
+    # no server outlives the workflow
+    assert "specgate.cli serve" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 def test_second_run_has_nothing_to_do(workdir):
@@ -90,13 +109,15 @@ def test_capture_param_reruns_capture_and_nothing_upstream(workdir):
     assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
 
 
-DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "report"}
+DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "bench", "report"}
 
 
 @pytest.mark.parametrize(
     "module, stages",
     [
-        ("export", {"export", "acceptance", "report"}),
+        ("export", {"export", "acceptance", "bench", "report"}),
+        ("bench_client", {"bench", "report"}),
+        ("cost_model", {"report"}),
         ("vocab", {"vocab"} | DOWNSTREAM_OF_CAPTURE),
         ("capture", {"capture"} | DOWNSTREAM_OF_CAPTURE),
         # train.py imports capture (batch planning): editing either reruns training
@@ -105,6 +126,7 @@ DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "report"}
         ("chat", {"tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
         # a new prepare_data output makes every downstream stage rerun too
         ("data", {"prepare_data", "tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
+        ("engine", {"bench", "report"}),
     ],
 )
 def test_editing_a_module_reruns_exactly_its_stages(workdir, module, stages):
@@ -123,3 +145,38 @@ def test_editing_a_module_reruns_exactly_its_stages(workdir, module, stages):
         assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
     finally:
         source.write_text(original)
+
+
+def test_a_new_threshold_runs_only_its_own_server(workdir):
+    work, env = workdir
+    cfg_path = work / "config.yaml"
+    original = cfg_path.read_text()
+    cfg = yaml.safe_load(original)
+    cfg["bench"]["thresholds"] = [2, 3]
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    try:
+        out = snakemake(work, "-n", "results/report.md", env=env)
+        assert planned_counts(out) == {"bench": 1, "report": 1}
+        assert "results/bench/gate_3.csv" in out and "results/bench/gate_2.csv" not in out.split("rule report")[0]
+    finally:
+        cfg_path.write_text(original)
+
+
+def test_archive_rebuilds_the_same_report_elsewhere(workdir, tmp_path):
+    work, env = workdir
+    snakemake(work, env=env)  # the default target: report and archive
+    archives = list((work / "results/archive").glob("tiny-*.tar.gz"))
+    assert len(archives) == 1
+    proc = subprocess.run([sys.executable, "-m", "specgate.cli", "rebuild-report", str(archives[0]), str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    root = tmp_path / archives[0].name.removesuffix(".tar.gz")
+    for meta in ["config.yaml", "pip-freeze.txt", "detailed-summary.tsv", "git.txt"]:
+        assert (root / "meta" / meta).stat().st_size > 0, meta
+    assert (root / "results/drafter/model.safetensors").exists()
+    assert not (root / "results/target/model.safetensors").exists()  # the target is named by its manifest only
+    rebuilt = (root / "results/report.md").read_text()
+    archived = (root / "results/report.archived.md").read_text()
+    tables = lambda text: [line for line in text.splitlines() if line.startswith("|")]  # noqa: E731
+    assert len(tables(rebuilt)) > 40 and tables(rebuilt) == tables(archived)
+    assert rebuilt == archived

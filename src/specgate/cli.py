@@ -57,7 +57,7 @@ def _serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps)
-    engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len, args.device))
+    engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len, args.device, args.dtype))
     serve(engine, args.host, args.port, args.served_model_name)
     return 0
 
@@ -68,6 +68,13 @@ def _bench_capture(args) -> int:
     result = run_capture_benchmark(args.target, args.tokens, batches=args.batches, batch_tokens=args.batch_tokens,
                                    repeats=args.repeats, out=args.out)  # fmt: skip
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _rebuild_report(args) -> int:
+    from specgate.archive import rebuild_report
+
+    print(rebuild_report(args.archive, args.dest))
     return 0
 
 
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--max-len", type=int, default=2048, help="tokens per request (prompt + output)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", help="target weights: auto (checkpoint) | bfloat16 | float32")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--served-model-name")
@@ -118,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", help="write the markdown result here")
     p.set_defaults(func=_bench_capture)
+
+    p = sub.add_parser("rebuild-report", help="unpack an experiment archive and regenerate its report from its files")
+    p.add_argument("archive", help="results/archive/<run-id>.tar.gz")
+    p.add_argument("dest", help="directory to unpack into")
+    p.set_defaults(func=_rebuild_report)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -75,6 +75,15 @@ def _semantic_checks(config: dict) -> list[str]:
     layers = config["capture"]["layers"]
     if layers is not None and len(set(layers)) != len(layers):
         errors.append("config key 'capture.layers': layers must be distinct")
+    bench = config["bench"]
+    for i, (disable_at, enable_at) in enumerate(bench["hysteresis"]):
+        if enable_at >= disable_at:
+            errors.append(f"config key 'bench.hysteresis[{i}]': enable_at {enable_at} must be below disable_at {disable_at}")
+    if bench["concurrency"] != sorted(set(bench["concurrency"])):
+        errors.append("config key 'bench.concurrency': levels must be distinct and increasing")
+    if max(bench["concurrency"]) > config["serve"]["max_running"]:
+        errors.append(f"config key 'bench.concurrency': level {max(bench['concurrency'])} exceeds serve.max_running "
+                      f"{config['serve']['max_running']}")  # fmt: skip
     return errors
 
 

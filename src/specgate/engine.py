@@ -39,6 +39,7 @@ class EngineConfig:
     max_running: int = 32
     max_len: int = 2048
     device: str = "cpu"
+    dtype: str = "auto"  # "auto" = the checkpoint's dtype; "float32" for bit-exact greedy checks
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Engine:
 
         keep_freed_memory()
         self.cfg = cfg
-        model = AutoModelForCausalLM.from_pretrained(cfg.target_dir, dtype="auto").to(cfg.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(cfg.target_dir, dtype=cfg.dtype).to(cfg.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.target_dir)
         self.eos = eos_ids(model, self.tokenizer)
         drafter = load_drafter(cfg.draft_dir, cfg.device, next(model.parameters()).dtype) if cfg.draft_dir else None
@@ -95,6 +96,7 @@ class Engine:
         return {
             "avg_spec_accept_length": self.accepted_tokens / self.verify_steps if self.verify_steps else None,
             "spec_verify_steps": self.verify_steps,
+            "spec_accepted_tokens": self.accepted_tokens,
             "running": len(self._running),
             "waiting": self._waiting.qsize(),
             "speculative": self.speculative,

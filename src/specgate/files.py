@@ -47,6 +47,11 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_jsonl(path: str | os.PathLike, records) -> int:
     n = 0
     with atomic_path(path) as tmp, open(tmp, "w") as f:

@@ -55,6 +55,7 @@ class ServeSettings:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     device: str = "cpu"
+    dtype: str = "auto"  # reference engine only; SGLang serves the checkpoint's dtype
 
 
 def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path) -> tuple[list[str], dict]:
@@ -80,7 +81,7 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
 
 def reference_command(s: ServeSettings, v: Variant, port: int) -> tuple[list[str], dict]:
     cmd = [sys.executable, "-m", "specgate.cli", "serve", "--target", s.target, "--port", str(port),
-           "--max-running", str(s.max_running), "--max-len", str(s.max_len), "--device", s.device]  # fmt: skip
+           "--max-running", str(s.max_running), "--max-len", str(s.max_len), "--device", s.device, "--dtype", s.dtype]  # fmt: skip
     if v.speculative:
         cmd += ["--draft", str(s.draft), "--num-steps", str(s.num_steps)]
     if v.gated:

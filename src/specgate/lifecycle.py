@@ -40,10 +40,14 @@ while True:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(max_port: int = 55535) -> int:
+    """A free TCP port on 127.0.0.1, at most `max_port`: SGLang 0.5.15 also binds port + 10000."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= max_port:
+            return port
 
 
 def _die_with_parent() -> None:

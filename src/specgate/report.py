@@ -1,17 +1,23 @@
 """results/report.md: what was built, from what, and what it measured.
 
-Each stage contributes a section from its own summary file; later stages add
-theirs (training, acceptance, sweep) the same way.
+Each stage contributes a section from its own summary file. The report is a pure
+function of those files and a provenance record, so the archive can rebuild it
+elsewhere (`specgate rebuild-report`) with identical tables.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
-from specgate.files import atomic_path
-from specgate.provenance import provenance
+import pandas as pd
+
+from specgate import cost_model as cm
+from specgate import plots
+from specgate.files import atomic_path, write_json
+from specgate.provenance import provenance as collect_provenance
 
 
 def _json(path):
@@ -58,10 +64,23 @@ def training_summary(metrics_csv: str, last: int = 20) -> str:
     return f"{len(rows)} steps, {int(float(rows[-1]['epoch'])) + 1} epoch(s). Per-step metrics: `{metrics_csv}`.\n\n{table}"
 
 
-def write_report(out: str, *, config: dict, target: str, data_summary: str, tokens_summary: str,
-                 capture_index: str, vocab_summary: str, repo: str, train_metrics: str, acceptance: str, drafter: str,
-                 regen_summary: str | None = None) -> None:  # fmt: skip
-    prov = provenance(repo, config)
+def build_report(out: str, *, provenance_out: str, repo: str, config: dict, **inputs) -> None:
+    """The workflow's report job: record provenance, then write the report from it."""
+    prov = collect_provenance(repo, config)
+    summaries = [pd.read_csv(p) for p in inputs.get("bench_summaries", [])]
+    if summaries:  # the engine that served the sweep, as the servers reported it
+        first = pd.concat(summaries)
+        prov["engine"] = str(first.engine.iloc[0])
+        prov["server_version"] = str(first.server_version.iloc[0])
+    write_json(provenance_out, prov)
+    write_report(out, config=config, provenance=prov, **inputs)
+
+
+def write_report(out: str, *, config: dict, provenance: dict, target: str, data_summary: str, tokens_summary: str,
+                 capture_index: str, vocab_summary: str, train_metrics: str, acceptance: str, drafter: str,
+                 bench_summaries: list[str] = (), regen_summary: str | None = None, stage_times_dir: str = "results/benchmarks",
+                 plots_dir: str | None = None) -> None:  # fmt: skip
+    prov = provenance
     manifest = _json(Path(target) / "manifest.json")
     data, tokens, cap, vocab = map(_json, (data_summary, tokens_summary, capture_index, vocab_summary))
     parts = [f"# specgate report: {config['run_name']}", "", "## Provenance", ""]
@@ -70,6 +89,7 @@ def write_report(out: str, *, config: dict, target: str, data_summary: str, toke
         ["config hash", prov["config_hash"]],
         ["CPU", f"{prov['cpu']} ({prov['cpu_count']} logical cores)"],
         ["GPUs", ", ".join(prov["gpus"]) or "none"],
+        ["serving engine", f"{prov.get('engine', '-')} (server version {prov.get('server_version', '-')})"],
         ["python", prov["python"]],
         *[[name, v] for name, v in prov["packages"].items() if v],
     ]))  # fmt: skip
@@ -116,12 +136,152 @@ def write_report(out: str, *, config: dict, target: str, data_summary: str, toke
                         [[r["source"], r["num_steps"], r["prompts"], r["verify_steps"], r["tau"],
                           f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-"] for r in acc_rows]))  # fmt: skip
 
+    if plots_dir:
+        plots.training(pd.read_csv(train_metrics), Path(plots_dir) / "training.png")
+        parts += ["", f"![training curves]({_rel(plots_dir, out)}/training.png)"]
+    if bench_summaries:
+        parts += sweep_sections(config, pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True),
+                                plots_dir, out)  # fmt: skip
+
     stages = [s for s in STAGES if s != "regenerate" or regen_summary]
-    times = stage_times(Path("results/benchmarks"), stages)
+    stages += [f"bench_{v}" for v in sorted(pd.concat([pd.read_csv(p) for p in bench_summaries]).variant.unique())] if bench_summaries else []
+    times = stage_times(Path(stage_times_dir), stages)
     if times:
         total = sum(float(r[1]) for r in times)
         parts += ["", "## Stage times (Snakemake benchmarks of the last run of each stage)", "",
                   _table(["stage", "wall s", "max RSS MB"], [*times, ["total", f"{total:.1f}", ""]])]  # fmt: skip
-    parts += ["", "Later stages (serving, the threshold sweep and the cost model) are not built yet.", ""]
+    parts.append("")
     with atomic_path(out) as tmp:
         tmp.write_text("\n".join(parts))
+
+
+def _rel(plots_dir: str, out: str) -> str:
+    import os
+
+    return os.path.relpath(plots_dir, Path(out).parent)
+
+
+def _fmt(x, digits=1):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{digits}f}"
+
+
+def _by_concurrency(summary: pd.DataFrame, column: str, variants: list[str], digits: int = 1) -> str:
+    table = summary.pivot_table(index="concurrency", columns="variant", values=column)
+    return _table(["concurrency", *variants], [[c, *[_fmt(table.at[c, v], digits) for v in variants]] for c in table.index])
+
+
+def recommend(eff: pd.DataFrame) -> pd.Series | None:
+    """The gate with the best worst-case envelope efficiency; near-ties go to the better mean."""
+    gates = eff[eff.variant.str.startswith("gate_")]
+    if gates.empty:
+        return None
+    best = gates.envelope_efficiency.max()
+    close = gates[gates.envelope_efficiency >= best - 0.005]
+    return close.sort_values("mean_efficiency", ascending=False).iloc[0]
+
+
+def rationale(summary: pd.DataFrame, eff: pd.DataFrame, pick: pd.Series, model: cm.CostModel) -> str:
+    thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    lo, hi = thr.index.min(), thr.index.max()
+    gain_lo, gain_hi = thr.at[lo, "always"] / thr.at[lo, "nospec"], thr.at[hi, "always"] / thr.at[hi, "nospec"]
+    crossing = cm.measured_crossover(summary)
+    if crossing == 0:
+        where = f"always-on speculation never beat no speculation here (×{gain_lo:.2f} already at concurrency {lo})"
+    elif math.isinf(crossing):
+        where = f"always-on speculation beat no speculation at every measured concurrency (×{gain_hi:.2f} at {hi})"
+    else:
+        where = (f"always-on speculation is ×{gain_lo:.2f} no-spec at concurrency {lo} and ×{gain_hi:.2f} at {hi}, "
+                 f"and the two curves cross at about {crossing:.1f} concurrent requests")  # fmt: skip
+    others = eff[eff.variant.str.startswith("gate_") & (eff.variant != pick.variant)].sort_values(
+        "envelope_efficiency", ascending=False)  # fmt: skip
+    runner_up = (f" The next best gate, {others.iloc[0].variant}, keeps {others.iloc[0].envelope_efficiency:.3f}."
+                 if not others.empty else "")  # fmt: skip
+    b = model.crossover()
+    pred = ("the cost model predicts speculation pays at every batch size" if math.isinf(b) else
+            "the cost model predicts speculation never pays" if b == 0 else
+            f"the cost model (τ = {model.tau:.2f}) puts the crossover at batch {b:.1f}, i.e. a threshold of {model.threshold()}")  # fmt: skip
+    if crossing == 0:
+        return (f"**Speculation did not pay at any measured load: serve without it,** or, if it must stay on, gate it at "
+                f"{int(pick.disable_at)} running requests ({pick.variant}), which kept {pick.envelope_efficiency:.3f} of "
+                f"the better of no-spec and always-on at every measured concurrency (worst at "
+                f"{int(pick.worst_concurrency)}, mean {pick.mean_efficiency:.3f}). With the drafter's measured accept "
+                f"length, {where}.{runner_up} For comparison, {pred}.")  # fmt: skip
+    return (f"**Stop speculating at {int(pick.disable_at)} running requests ({pick.variant}).** With the drafter's measured "
+            f"accept length, {where}. Gated at {int(pick.disable_at)}, the server kept at least "
+            f"{pick.envelope_efficiency:.3f} of the better of no-spec and always-on at every measured concurrency "
+            f"(worst at {int(pick.worst_concurrency)}, mean {pick.mean_efficiency:.3f}).{runner_up} For comparison, {pred}.")
+
+
+def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, out: str) -> list[str]:
+    variants = plots._variant_order(summary.variant.unique())
+    bench, serve = config["bench"], config["serve"]
+    eng = summary.engine.iloc[0]
+    parts = ["", "## Threshold sweep", "",
+             f"Engine `{eng}` (server version {summary.server_version.iloc[0]}), {serve['num_steps']} draft steps, top-k 1; "
+             f"closed loop over the OpenAI streaming API, {bench['max_tokens']} output tokens per request "
+             f"(ignore_eos={bench['ignore_eos']}), greedy; max(min_requests={bench['min_requests']}, "
+             f"{bench['requests_per_concurrency']}×concurrency) requests per level after {bench['warmup_requests']} "
+             "warm-up requests. Per-request records: `results/bench/<variant>.jsonl`; summaries: `results/bench/<variant>.csv`.",
+             "", "### Output throughput (tok/s)", "", _by_concurrency(summary, "output_throughput", variants),
+             "", "### Median TTFT (ms)", "", _by_concurrency(summary, "median_ttft_ms", variants, 0),
+             "", "### Median ITL (ms)", "", _by_concurrency(summary, "median_itl_ms", variants),
+             "", "### p99 ITL (ms)", "", _by_concurrency(summary, "p99_itl_ms", variants),
+             "", "### Accept length per level", "", _by_concurrency(summary, "accept_length", [v for v in variants if v != "nospec"], 3),
+             "", f"Accept length source: {summary.accept_length_source.dropna().iloc[0] if summary.accept_length_source.notna().any() else '-'}. "
+             f"Failed requests: {int(summary.failed.sum())} of {int(summary.completed.sum() + summary.failed.sum())}."]  # fmt: skip
+    if summary.errors.notna().any():
+        parts += ["", "Errors: " + "; ".join(sorted(set(summary.errors.dropna())))]
+    if plots_dir:
+        plots.throughput(summary, Path(plots_dir) / "throughput.png")
+        plots.latency(summary, Path(plots_dir) / "latency.png")
+        rel = _rel(plots_dir, out)
+        parts += ["", f"![throughput]({rel}/throughput.png)", "", f"![latency]({rel}/latency.png)"]
+
+    if not {"nospec", "always"} <= set(variants):
+        return parts + ["", "The sweep lacks nospec or always: no envelope or recommendation."]
+    eff = cm.envelope_efficiency(summary)
+    eff = eff.merge(summary.groupby("variant")[["disable_at", "enable_at"]].first().reset_index(), on="variant")
+    model, steps = cm.fit(summary)
+    concurrencies = sorted(summary.concurrency.unique())
+    parts += ["", "## Envelope efficiency", "",
+              "Per variant: the minimum over concurrencies of its throughput ÷ max(no-spec, always-on) at that concurrency.", "",
+              _table(["variant", "envelope efficiency", "worst at concurrency", "mean over concurrencies", "cost model predicts"],
+                     [[r.variant, f"{r.envelope_efficiency:.3f}", int(r.worst_concurrency), f"{r.mean_efficiency:.3f}",
+                       f"{cm.predicted_envelope(model, concurrencies, int(r.disable_at)):.3f}"
+                       if r.variant.startswith("gate_") and pd.isna(r.enable_at) else "-"]
+                      for r in eff.set_index("variant").loc[variants].reset_index().itertuples()])]  # fmt: skip
+    if plots_dir:
+        plots.envelope(summary, Path(plots_dir) / "envelope.png")
+        parts += ["", f"![envelope]({_rel(plots_dir, out)}/envelope.png)"]
+
+    pick = recommend(eff)
+    parts += ["", "## Recommended threshold", ""]
+    parts.append(rationale(summary, eff, pick, model) if pick is not None else "No gated variant in the sweep.")
+
+    thresholds = sorted({int(t) for t in eff.disable_at.dropna()})
+    pred_best = max(thresholds, key=lambda t: cm.predicted_envelope(model, concurrencies, t)) if thresholds else None
+    b = model.crossover()
+    parts += ["", "## Cost model", "",
+              "Effective step time from the sweep's own no-spec and always-on levels (client-side: concurrency × tokens per "
+              "step ÷ output throughput, so prefill and scheduling are included), fitted as fixed + per-request × batch; "
+              "see `specgate/cost_model.py`.", "",
+              _table(["step", "fixed ms", "per request ms", "tokens per request per step"], [
+                  ["plain (no-spec)", _fmt(model.plain.fixed * 1000, 2), _fmt(model.plain.per_request * 1000, 3), "1"],
+                  [f"speculative (k={serve['num_steps']})", _fmt(model.spec.fixed * 1000, 2),
+                   _fmt(model.spec.per_request * 1000, 3), f"τ = {model.tau:.3f}"]]), "",
+              _table(["", "predicted", "measured"], [
+                  ["crossover batch", "∞" if math.isinf(b) else f"{b:.1f}",
+                   (lambda m: "∞" if math.isinf(m) else f"{m:.1f}")(cm.measured_crossover(summary))],
+                  ["best threshold among those swept", pred_best if pred_best is not None else "-",
+                   int(pick.disable_at) if pick is not None else "-"]]), "",
+              _table(["concurrency", "nospec measured", "nospec predicted", "always measured", "always predicted"], [
+                  [c, _fmt(summary[(summary.variant == "nospec") & (summary.concurrency == c)].output_throughput.iloc[0]),
+                   _fmt(float(model.nospec_throughput(c))),
+                   _fmt(summary[(summary.variant == "always") & (summary.concurrency == c)].output_throughput.iloc[0]),
+                   _fmt(float(model.spec_throughput(c)))] for c in concurrencies])]  # fmt: skip
+    if plots_dir:
+        plots.cost_model(model, steps, summary, Path(plots_dir) / "cost_model.png")
+        parts += ["", f"![cost model]({_rel(plots_dir, out)}/cost_model.png)"]
+    return parts

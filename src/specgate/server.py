@@ -66,8 +66,9 @@ class Api:
 
     # -- a request's life ---------------------------------------------------------
 
-    async def _run(self, prompt: list[int], max_tokens: int, ignore_eos: bool):
-        """Yield ("tokens", [ids]) items, then ("done", finish_reason)."""
+    def _submit(self, prompt: list[int], max_tokens: int, ignore_eos: bool):
+        """Queue the request (a bad one raises BadRequest here, before any response starts);
+        returns an async iterator of ("tokens", [ids]) items, then ("done", finish_reason)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -81,19 +82,23 @@ class Api:
             job = self.engine.submit(prompt, max_tokens, ignore_eos, on_tokens, on_done)
         except ValueError as e:
             raise BadRequest(str(e)) from e
-        while True:
-            kind, payload = await events.get()
-            if kind == "done":  # the finished request's own speculation counters
-                r = job.request
-                payload = (payload, {"spec_verify_ct": r.verify_steps,
-                                     "spec_accept_length": r.accepted_tokens / r.verify_steps if r.verify_steps else None})  # fmt: skip
-            yield kind, payload
-            if kind in ("done", "error"):
-                return
+
+        async def stream():
+            while True:
+                kind, payload = await events.get()
+                if kind == "done":  # the finished request's own speculation counters
+                    r = job.request
+                    payload = (payload, {"spec_verify_ct": r.verify_steps,
+                                         "spec_accept_length": r.accepted_tokens / r.verify_steps if r.verify_steps else None})  # fmt: skip
+                yield kind, payload
+                if kind in ("done", "error"):
+                    return
+
+        return stream()
 
     async def _collect(self, prompt, max_tokens, ignore_eos) -> tuple[list[int], str, dict]:
         ids: list[int] = []
-        async for kind, payload in self._run(prompt, max_tokens, ignore_eos):
+        async for kind, payload in self._submit(prompt, max_tokens, ignore_eos):
             if kind == "tokens":
                 ids += payload
             elif kind == "error":
@@ -165,6 +170,7 @@ class Api:
             return web.json_response({"id": rid, "object": obj, "created": created, "model": self.model_name,
                                       "choices": [choice], "usage": usage(len(ids))})  # fmt: skip
 
+        events = self._submit(prompt, max_tokens, ignore_eos)  # rejects a bad request with a 400 before streaming
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
@@ -178,7 +184,7 @@ class Api:
             return {"id": rid, "object": chunk_obj, "created": created, "model": self.model_name, "choices": [c]}
 
         n = 0
-        async for kind, payload in self._run(prompt, max_tokens, ignore_eos):
+        async for kind, payload in events:
             if kind == "tokens":
                 n += len(payload)
                 text = detok.push(payload)

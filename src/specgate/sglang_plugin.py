@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 
 from specgate.gate import Gate, GateConfig
 
@@ -78,22 +79,29 @@ def make_hooks(settings: dict):
     return get_steps_for_batch, on_verify_complete
 
 
+def _say(level: int, msg: str) -> None:
+    """Log, and also write to stderr: SGLang loads plugins before it configures logging."""
+    log.log(level, msg)
+    if not logging.getLogger().handlers:
+        print(f"[specgate] {msg}", file=sys.stderr, flush=True)
+
+
 def register() -> None:
     """Entry point called by SGLang's plugin loader."""
     try:
         settings = gate_settings()
     except (ValueError, json.JSONDecodeError) as e:
-        log.error("specgate gate plugin: bad %s (%s); not installed", ENV, e)
+        _say(logging.ERROR, f"specgate gate plugin: bad {ENV} ({e}); not installed")
         return
     if settings is None:
-        log.info("specgate gate plugin: %s not set; not installed", ENV)
+        _say(logging.INFO, f"specgate gate plugin: {ENV} not set; not installed")
         return
     api, reason = _hooked_api()
     if api is None:
-        log.warning("specgate gate plugin: %s; not installed, SGLang runs unchanged", reason)
+        _say(logging.WARNING, f"specgate gate plugin: {reason}; not installed, SGLang runs unchanged")
         return
     registry, hook_type = api
     get_steps, on_verify = make_hooks(settings)
     registry.register(f"{TARGET}.get_steps_for_batch", get_steps, hook_type.AROUND)
     registry.register(f"{TARGET}.on_verify_complete", on_verify, hook_type.AROUND)
-    log.info("specgate gate plugin: hooks registered on %s (%s)", TARGET, settings)
+    _say(logging.INFO, f"specgate gate plugin: hooks registered on {TARGET} ({settings})")

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from specgate.config import ConfigError, validate_config
 from specgate.fingerprint import code_fingerprint
+from specgate.plots import PLOTS
 
 try:
     config = validate_config(
@@ -37,7 +38,51 @@ def report_inputs(wildcards):
         "train_metrics": "results/train/metrics.csv",
         "acceptance": "results/acceptance.csv",
         "drafter": "results/drafter",
+        "bench_summaries": bench_summaries(),
     }
     if config["data"]["regenerate"]["enabled"]:
         inputs["regen_summary"] = "results/data/regen_summary.json"
     return inputs
+
+
+def sweep_variants():
+    """nospec, always, gate_T per threshold and gate_D_E per hysteresis pair."""
+    from specgate.launcher import variants
+
+    bench = config["bench"]
+    return [v.name for v in variants(bench["thresholds"], bench["hysteresis"])]
+
+
+def variant_params(wildcards):
+    """What defines one variant's server. Only this, not the other variants, reruns its job."""
+    from dataclasses import asdict
+
+    from specgate.sweep import variant_by_name
+
+    return asdict(variant_by_name(wildcards.variant, config["bench"]))
+
+
+def level_params():
+    """Benchmark settings shared by every variant (the variant list itself excluded)."""
+    return {
+        k: v
+        for k, v in config["bench"].items()
+        if k not in ("thresholds", "hysteresis")
+    }
+
+
+def bench_inputs(wildcards):
+    inputs = {"target": "results/target", "eval": "results/data/eval.jsonl"}
+    if wildcards.variant != "nospec":
+        inputs["drafter"] = "results/drafter"
+    return inputs
+
+
+def bench_summaries(wildcards=None):
+    return expand("results/bench/{variant}.csv", variant=sweep_variants())
+
+
+def run_id():
+    from specgate.files import stable_hash
+
+    return f"{config['run_name']}-{stable_hash(config)[:10]}"

@@ -1,0 +1,197 @@
+"""Closed-loop load generator over the OpenAI-compatible streaming API.
+
+The same client drives SGLang and the reference engine. At concurrency c exactly c
+requests are in flight: a finished request is replaced at once, until the level's
+request count is done. Per request it records TTFT, every inter-token latency (the gap
+between streamed chunks; one chunk may carry several tokens when a speculative step
+accepts several), end-to-end latency, output tokens (from the final `usage` chunk) and
+the error, if any. Per level it summarises with the field names of `sglang.bench_serving`.
+
+The accept length of a level comes from the server's counters before and after it:
+exact where the server reports its totals (the reference engine), otherwise SGLang's
+cumulative `avg_spec_accept_length` read at the end of the level (labelled as such).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import aiohttp
+import numpy as np
+
+
+@dataclass
+class RequestRecord:
+    variant: str
+    concurrency: int
+    index: int
+    start_s: float = 0.0  # since the level started
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    error: str | None = None
+
+
+class LevelFailed(RuntimeError):
+    pass
+
+
+def bench_prompts(eval_records: list[dict], n: int, seed: int) -> list[list[dict]]:
+    """A seeded mix of eval conversations, each cut after its first user turn."""
+    prompts = []
+    for rec in eval_records:
+        msgs = rec["messages"]
+        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        prompts.append(msgs[: first_user + 1])
+    random.Random(seed).shuffle(prompts)
+    if not prompts:
+        raise ValueError("no eval prompts to benchmark with")
+    return prompts[:n]
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, model: str, messages: list[dict], max_tokens: int,
+                      ignore_eos: bool, rec: RequestRecord, t_level: float) -> RequestRecord:  # fmt: skip
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}  # fmt: skip
+    t0 = time.perf_counter()
+    rec.start_s = t0 - t_level
+    last = None
+    chunks = 0
+    try:
+        async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+            if resp.status != 200:
+                rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return rec
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                msg = json.loads(data)
+                if "error" in msg:
+                    rec.error = str(msg["error"])[:200]
+                    break
+                if msg.get("usage"):
+                    rec.output_tokens = msg["usage"].get("completion_tokens", rec.output_tokens)
+                delta = (msg.get("choices") or [{}])[0].get("delta", {})
+                if delta.get("content"):
+                    now = time.perf_counter()
+                    if last is None:
+                        rec.ttft_s = now - t0
+                    else:
+                        rec.itl_s.append(now - last)
+                    last = now
+                    chunks += 1
+        rec.e2e_s = time.perf_counter() - t0
+        if not rec.output_tokens:
+            rec.output_tokens = chunks  # server without usage: one token per chunk is the best estimate
+        if rec.error is None and rec.ttft_s is None:
+            rec.error = "no tokens streamed"
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
+        rec.error = f"{type(e).__name__}: {e}"[:200]
+    return rec
+
+
+async def closed_loop(url: str, model: str, prompts: list[list[dict]], concurrency: int, num_requests: int, *,
+                      max_tokens: int, ignore_eos: bool, variant: str = "", timeout_s: float = 600):  # fmt: skip
+    """Run `num_requests` with `concurrency` in flight; returns (records, wall seconds)."""
+    records = [RequestRecord(variant, concurrency, i) for i in range(num_requests)]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(num_requests):
+        queue.put_nowait(i)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        t_level = time.perf_counter()
+
+        async def worker():
+            while not queue.empty():
+                i = queue.get_nowait()
+                await one_request(session, url, model, prompts[i % len(prompts)], max_tokens, ignore_eos, records[i], t_level)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return records, time.perf_counter() - t_level
+
+
+async def server_info(url: str) -> dict:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        async with s.get(f"{url}/server_info") as r:
+            return await r.json()
+
+
+def accept_length(before: dict, after: dict) -> tuple[float | None, str]:
+    """(accept length over the level, where it came from)."""
+    if "spec_verify_steps" in after and "spec_accepted_tokens" in after:
+        steps = after["spec_verify_steps"] - before.get("spec_verify_steps", 0)
+        toks = after["spec_accepted_tokens"] - before.get("spec_accepted_tokens", 0)
+        return (toks / steps if steps else None), "server counters, this level"
+    states = after.get("internal_states") or [{}]
+    return states[0].get("avg_spec_accept_length"), "server cumulative average"
+
+
+def _ms(values, q=None):
+    if not values:
+        return None
+    arr = np.asarray(values) * 1000
+    return float(np.mean(arr)) if q is None else float(np.percentile(arr, q))
+
+
+def summarize(records: list[RequestRecord], duration_s: float, variant: str, concurrency: int) -> dict:
+    ok = [r for r in records if r.error is None]
+    out_tokens = sum(r.output_tokens for r in ok)
+    ttft = [r.ttft_s for r in ok]
+    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    itl = [x for r in ok for x in r.itl_s]
+    e2e = [r.e2e_s for r in ok]
+    row = {"variant": variant, "concurrency": concurrency, "completed": len(ok), "failed": len(records) - len(ok),
+           "error_rate": (len(records) - len(ok)) / max(len(records), 1), "duration": duration_s,
+           "total_output_tokens": out_tokens, "request_throughput": len(ok) / duration_s,
+           "output_throughput": out_tokens / duration_s}  # fmt: skip
+    for name, vals in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e_latency", e2e)):
+        row[f"mean_{name}_ms"] = _ms(vals)
+        row[f"median_{name}_ms"] = _ms(vals, 50)
+        row[f"p90_{name}_ms"] = _ms(vals, 90)
+        row[f"p99_{name}_ms"] = _ms(vals, 99)
+    errors = sorted({r.error for r in records if r.error})
+    row["errors"] = "; ".join(errors)[:300]
+    return row
+
+
+async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: list[int], *, variant: str,
+                       num_requests, warmup_requests: int, max_tokens: int, ignore_eos: bool,
+                       max_error_rate: float, timeout_s: float = 600, progress=None):  # fmt: skip
+    """All concurrency levels in order against one server: (per-request records, summary rows).
+
+    `num_requests(c)` gives the request count of level c. A level whose error rate exceeds
+    `max_error_rate` raises LevelFailed after its records are kept.
+    """
+    all_records, rows = [], []
+    for c in levels:
+        if warmup_requests:
+            await closed_loop(url, model, prompts, min(c, warmup_requests), warmup_requests, max_tokens=max_tokens,
+                              ignore_eos=ignore_eos, variant=variant, timeout_s=timeout_s)  # fmt: skip
+        before = await server_info(url)
+        records, duration = await closed_loop(url, model, prompts, c, num_requests(c), max_tokens=max_tokens,
+                                              ignore_eos=ignore_eos, variant=variant, timeout_s=timeout_s)  # fmt: skip
+        after = await server_info(url)
+        row = summarize(records, duration, variant, c)
+        row["accept_length"], row["accept_length_source"] = accept_length(before, after)
+        gate = after.get("gate") or {}
+        row["gate_steps_on"] = gate.get("steps_on", 0) - (before.get("gate") or {}).get("steps_on", 0) if gate else None
+        row["gate_steps_off"] = gate.get("steps_off", 0) - (before.get("gate") or {}).get("steps_off", 0) if gate else None
+        all_records += [asdict(r) for r in records]
+        rows.append(row)
+        if progress:
+            progress(row)
+        if row["error_rate"] > max_error_rate:
+            raise LevelFailed(f"{variant} at concurrency {c}: {row['failed']} of {len(records)} requests failed "
+                              f"(error rate {row['error_rate']:.2f} > bench.max_error_rate {max_error_rate}): "
+                              f"{row['errors']}")  # fmt: skip
+    return all_records, rows

@@ -1,0 +1,112 @@
+"""PNG figures for the report: training curves, sweep curves, envelope, cost model.
+
+matplotlib is imported on first use: the Snakefile imports PLOTS, and a no-op
+`snakemake` run should not pay for a plotting library.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specgate.files import atomic_path
+
+PLOTS = ("training", "throughput", "latency", "envelope", "cost_model")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+
+
+def _variant_order(names) -> list[str]:
+    def key(n):
+        return (0, 0) if n == "nospec" else (1, 0) if n == "always" else (2, int(n.split("_")[1]))
+
+    return sorted(names, key=key)
+
+
+def training(metrics, path: Path) -> None:
+    plt = _pyplot()
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = sorted(int(c.split("_")[1]) for c in metrics.columns if c.startswith("acc_"))
+    for k in steps:
+        ax_loss.plot(metrics.step, metrics[f"loss_{k}"], label=f"TTT step {k}", lw=1)
+        ax_acc.plot(metrics.step, metrics[f"acc_{k}"], label=f"acc_{k}", lw=1)
+    ax_loss.set(xlabel="optimizer step", ylabel="loss", title="Drafter loss per TTT step")
+    ax_acc.set(xlabel="optimizer step", ylabel="top-1 accuracy", title="Drafter accuracy per TTT step")
+    ax_acc.legend(fontsize=7)
+    _save(fig, path)
+
+
+def throughput(summary, path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v in _variant_order(summary.variant.unique()):
+        d = summary[summary.variant == v].sort_values("concurrency")
+        ax.plot(d.concurrency, d.output_throughput, marker="o", label=v, lw=2 if v in ("nospec", "always") else 1)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrency", ylabel="output tok/s", title="Throughput against concurrency")
+    ax.legend()
+    _save(fig, path)
+
+
+def latency(summary, path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, col, title in zip(axes, ("median_ttft_ms", "median_itl_ms"), ("median TTFT (ms)", "median ITL (ms)"), strict=True):
+        for v in _variant_order(summary.variant.unique()):
+            d = summary[summary.variant == v].sort_values("concurrency")
+            ax.plot(d.concurrency, d[col], marker="o", label=v)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="concurrency", ylabel=title, title=title)
+    axes[0].legend()
+    _save(fig, path)
+
+
+def envelope(summary, path: Path) -> None:
+    thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    best = thr[["nospec", "always"]].max(axis=1)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v in _variant_order(thr.columns):
+        ax.plot(thr.index, thr[v] / best, marker="o", label=v)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrency", ylabel="throughput ÷ max(nospec, always)", title="Envelope efficiency")
+    ax.legend()
+    _save(fig, path)
+
+
+def cost_model(model, steps, summary, path: Path) -> None:
+    plt = _pyplot()
+    fig, (ax_t, ax_thr) = plt.subplots(1, 2, figsize=(11, 4))
+    grid = np.linspace(1, max(summary.concurrency.max(), 2), 200)
+    for variant, line, label in (("nospec", model.plain, "plain step"), ("always", model.spec, "speculative step")):
+        d = steps[steps.variant == variant]
+        ax_t.scatter(d.batch, d.step_s * 1000, label=f"{label} (measured)")
+        ax_t.plot(grid, line(grid) * 1000, label=f"{label} fit")
+    ax_t.set(xlabel="batch", ylabel="ms per step", title="Effective step time")
+    ax_t.legend(fontsize=7)
+    for variant, pred in (("nospec", model.nospec_throughput), ("always", model.spec_throughput)):
+        d = summary[summary.variant == variant].sort_values("concurrency")
+        ax_thr.scatter(d.concurrency, d.output_throughput, label=f"{variant} measured")
+        ax_thr.plot(grid, pred(grid), label=f"{variant} predicted")
+    b = model.crossover()
+    if np.isfinite(b) and b > 0:
+        ax_thr.axvline(b, color="grey", ls="--", lw=0.8, label=f"predicted crossover {b:.1f}")
+    ax_thr.set_xscale("log", base=2)
+    ax_thr.set(xlabel="concurrency", ylabel="output tok/s", title="Cost model against the sweep")
+    ax_thr.legend(fontsize=7)
+    _save(fig, path)

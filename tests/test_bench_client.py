@@ -1,0 +1,51 @@
+"""The closed-loop benchmark client against a real reference-engine server on 127.0.0.1."""
+
+import asyncio
+
+import pytest
+from test_server import server  # noqa: F401  (the module-scoped reference server fixture)
+
+from specgate.bench_client import LevelFailed, bench_prompts, sweep_levels
+
+pytestmark = pytest.mark.slow
+
+EVAL = [{"messages": [{"role": "system", "content": "count"}, {"role": "user", "content": f"{i} {i + 1} {i + 2}"},
+                      {"role": "assistant", "content": "x"}]} for i in range(10)]  # fmt: skip
+
+
+def test_prompts_are_a_seeded_mix_cut_after_the_first_user_turn():
+    a, b = bench_prompts(EVAL, 6, seed=1), bench_prompts(EVAL, 6, seed=1)
+    assert a == b and len(a) == 6 and a != bench_prompts(EVAL, 6, seed=2)
+    assert all(p[-1]["role"] == "user" and p[0]["role"] == "system" for p in a)
+
+
+def test_levels_record_every_request_and_summarise_like_bench_serving(server):  # noqa: F811
+    records, rows = asyncio.run(sweep_levels(
+        server.url, "m", bench_prompts(EVAL, 10, 0), [1, 4], variant="gate_4", num_requests=lambda c: 2 * c,
+        warmup_requests=1, max_tokens=12, ignore_eos=True, max_error_rate=0.0))  # fmt: skip
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    assert len(records) == 2 + 8 and all(r["error"] is None and r["output_tokens"] == 12 for r in records)
+    for rec in records:
+        # the first chunk is the TTFT; every later chunk one inter-token gap, all within the E2E latency.
+        # (The counting model emits byte tokens that the server holds back until they decode, so a request
+        # may stream fewer chunks than steps.)
+        assert 0 < rec["ttft_s"] <= rec["e2e_s"] and len(rec["itl_s"]) <= 11
+        assert rec["ttft_s"] + sum(rec["itl_s"]) <= rec["e2e_s"]
+    for row in rows:
+        assert row["completed"] == 2 * row["concurrency"] and row["failed"] == 0
+        assert row["total_output_tokens"] == 12 * row["completed"]
+        assert row["output_throughput"] == pytest.approx(row["total_output_tokens"] / row["duration"])
+        for key in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_e2e_latency_ms"):
+            assert row[key] > 0, key
+        assert row["accept_length_source"] == "server counters, this level"
+    # the gate at 4 speculates at concurrency 1 (accepting more than 1 token per verify) and is
+    # off for most steps at concurrency 4
+    assert rows[0]["accept_length"] > 1.0 and rows[0]["gate_steps_off"] == 0
+    assert rows[1]["gate_steps_off"] > rows[1]["gate_steps_on"]
+
+
+def test_a_level_over_the_error_bound_fails_with_the_reason(server):  # noqa: F811
+    with pytest.raises(LevelFailed, match=r"gate_4 at concurrency 2: 4 of 4 requests failed .*HTTP 400"):
+        asyncio.run(sweep_levels(server.url, "m", bench_prompts(EVAL, 4, 0), [2], variant="gate_4",
+                                 num_requests=lambda c: 4, warmup_requests=0, max_tokens=100000, ignore_eos=True,
+                                 max_error_rate=0.25))  # fmt: skip

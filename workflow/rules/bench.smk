@@ -1,0 +1,32 @@
+# The threshold sweep: one job per server variant, each running every concurrency level.
+# Jobs never overlap: on CPU each takes every core, and bench_slot=1 (profiles/default)
+# keeps GPU runs apart too.
+rule bench:
+    input:
+        unpack(bench_inputs),
+    output:
+        records="results/bench/{variant}.jsonl",
+        summary="results/bench/{variant}.csv",
+    log:
+        main="results/logs/bench/{variant}.log",
+        server="results/logs/bench/{variant}.server.log",
+    benchmark:
+        "results/benchmarks/bench_{variant}.tsv"
+    wildcard_constraints:
+        variant="nospec|always|gate_[0-9]+(_[0-9]+)?",
+    conda:
+        "../../envs/specgate.yaml"
+    threads: workflow.cores
+    resources:
+        bench_slot=1,
+        gpu=config["serve"]["tp"] if config["serve"]["engine"] == "sglang" else 0,
+    params:
+        variant=variant_params,
+        bench=level_params(),
+        engine=config["serve"]["engine"],
+        serve=config["serve"],
+        device=config["device"],
+        seed=config["seed"],
+        code=fingerprint("sweep", "server"),  # and the server it launches
+    script:
+        "../scripts/run_bench.py"
