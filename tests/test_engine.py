@@ -62,8 +62,10 @@ def test_outputs_equal_no_speculation_at_any_threshold(counting_target, tiny_dra
         assert gate["steps_on"] > 0 and gate["steps_off"] > 0 and gate["switches"] >= 1
 
 
-def test_acceptance_survives_gate_off_periods(counting_target, tiny_drafter):
-    """tau with forced on->off->on transitions stays within 5% of always-on (draft KV kept in sync)."""
+@pytest.mark.parametrize("sync_draft", [True, False], ids=["draft-extend-every-step", "true-off-then-catch-up"])
+def test_acceptance_survives_gate_off_periods(counting_target, tiny_drafter, sync_draft):
+    """tau with forced on->off->on transitions stays within 5% of always-on, whether the draft KV follows
+    every off step or (true off) waits and catches up in one extend when drafting resumes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(counting_target)
@@ -76,11 +78,18 @@ def test_acceptance_survives_gate_off_periods(counting_target, tiny_drafter):
                               drafter, slots=32, max_len=400)  # fmt: skip
         reqs = [Request(i, p, 56, frozenset(), ignore_eos=True) for i, p in enumerate(prompts)]
         for r in reqs:
-            decoder.prefill(r)
+            decoder.prefill(r, sync_draft=schedule(0) or sync_draft)
         step = 0
         while live := [r for r in reqs if not r.done]:
-            decoder.spec_step(live, 3) if schedule(step) else decoder.plain_step(live)
+            if schedule(step):
+                decoder.spec_step(live, 3)
+            else:
+                before = decoder.draft.cache.lengths.clone()
+                decoder.plain_step(live, sync_draft=sync_draft)
+                if not sync_draft:  # true off: no draft work at all, unless a request hit the catch-up window
+                    assert torch.equal(decoder.draft.cache.lengths, before)
             step += 1
+        decoder.catch_up(reqs)
         return sum(r.accepted_tokens for r in reqs) / sum(r.verify_steps for r in reqs), reqs, decoder
 
     always, ref, _ = tau(lambda s: True)

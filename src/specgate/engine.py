@@ -134,7 +134,8 @@ class Engine:
             block = False
             job.request.slot = self._free.popleft()
             try:
-                self.decoder.prefill(job.request)
+                # while the gate is off the draft prefill waits for the catch-up too
+                self.decoder.prefill(job.request, sync_draft=self.gate.on)
             except Exception as e:  # this request fails; the others go on
                 log.exception("prefill failed")
                 self._free.append(job.request.slot)
@@ -166,8 +167,8 @@ class Engine:
                         self.decoder.spec_step(reqs, self.cfg.num_steps)
                         self.verify_steps += sum(r.verify_steps for r in reqs) - v0
                         self.accepted_tokens += sum(r.accepted_tokens for r in reqs) - a0
-                    else:
-                        self.decoder.plain_step(reqs)
+                    else:  # true off: no draft work; the draft catches up when speculation resumes
+                        self.decoder.plain_step(reqs, sync_draft=False)
                     self.steps.append(("spec" if speculate else "plain", len(reqs),
                                        sum(len(r.output) for r in reqs) - before, time.perf_counter() - t0))  # fmt: skip
                     for job in self._running:

@@ -35,6 +35,10 @@ class Request:
     draft_state: torch.Tensor | None = None  # pre-norm output of the last draft-extend position
     verify_steps: int = 0
     accepted_tokens: int = 0  # tokens produced by verify steps (accepted drafts + bonus)
+    # Positions not yet extended into the draft KV (the gate was off): the target's aux hidden
+    # states [1, n, 3H] and the next tokens [1, n]. Drafting resumes only after a catch-up extend.
+    behind_aux: list[torch.Tensor] = field(default_factory=list)
+    behind_tokens: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -87,7 +91,9 @@ class DraftRunner:
 class SpecDecoder:
     """Greedy decoding for a batch of requests, speculative or plain step by step."""
 
-    def __init__(self, target: LlamaRunner, drafter: Eagle3Drafter | None, slots: int, max_len: int):
+    def __init__(self, target: LlamaRunner, drafter: Eagle3Drafter | None, slots: int, max_len: int,
+                 catch_up_window: int = 256):  # fmt: skip
+        self.catch_up_window = catch_up_window  # buffered positions per request before a forced extend
         self.target = target
         self.target_cache = target.new_cache(slots, max_len)
         self.draft = DraftRunner(drafter, target.body.embed_tokens, slots, max_len) if drafter is not None else None
@@ -102,10 +108,27 @@ class SpecDecoder:
         for i, r in enumerate(reqs):
             r.draft_state, r.draft_next = state[i : i + 1], int(target_ids[i])
 
+    def _defer_draft(self, reqs: list[Request], aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Buffer positions for a later catch-up instead of extending the draft now (gate off)."""
+        for i, r in enumerate(reqs):
+            r.behind_aux.append(aux[i : i + 1])
+            r.behind_tokens.append(next_tokens[i : i + 1])
+        full = [r for r in reqs if sum(t.shape[1] for t in r.behind_tokens) >= self.catch_up_window]
+        if full:  # bounded memory: a request far behind catches up now
+            self.catch_up(full)
+
+    def catch_up(self, reqs: list[Request]) -> None:
+        """Bring each request's draft KV up to date with one extend over its buffered positions."""
+        for r in reqs:
+            if r.behind_tokens:
+                aux, tokens = torch.cat(r.behind_aux, dim=1), torch.cat(r.behind_tokens, dim=1)
+                r.behind_aux, r.behind_tokens = [], []
+                self._draft_extend([r], aux, tokens)
+
     # -- the three operations -----------------------------------------------------
 
-    def prefill(self, req: Request) -> None:
-        """Run the prompt, emit the first token, and prime the draft."""
+    def prefill(self, req: Request, sync_draft: bool = True) -> None:
+        """Run the prompt, emit the first token, and prime the draft (now, or at the next catch-up)."""
         self.target_cache.lengths[req.slot] = 0
         slots = torch.tensor([req.slot])
         ids = torch.tensor([req.prompt])
@@ -114,11 +137,13 @@ class SpecDecoder:
         req.emit([first])
         if self.draft is not None:
             self.draft.cache.lengths[req.slot] = 0
+            req.behind_aux, req.behind_tokens = [], []
             shifted = torch.tensor([req.prompt[1:] + [first]])
-            self._draft_extend([req], aux, shifted)
+            (self._draft_extend if sync_draft else self._defer_draft)([req], aux, shifted)
 
-    def plain_step(self, reqs: list[Request]) -> None:
-        """One target token per request; the draft is kept in sync by a one-token extend."""
+    def plain_step(self, reqs: list[Request], sync_draft: bool = True) -> None:
+        """One target token per request. With sync_draft the draft KV follows by a one-token extend;
+        without it (the gate is off) no draft work runs: the aux states wait for `catch_up`."""
         slots = torch.tensor([r.slot for r in reqs])
         last = torch.tensor([[r.output[-1]] for r in reqs])
         logits, aux = self.target.forward(last, self.target_cache, slots)
@@ -126,11 +151,16 @@ class SpecDecoder:
         for r, t in zip(reqs, nxt.tolist()):
             r.emit([t])
         if self.draft is not None:
-            self._draft_extend(reqs, aux, nxt[:, None])
+            if sync_draft:
+                self.catch_up(reqs)
+                self._draft_extend(reqs, aux, nxt[:, None])
+            else:
+                self._defer_draft(reqs, aux, nxt[:, None])
 
     def spec_step(self, reqs: list[Request], num_steps: int) -> None:
         """Draft num_steps tokens per request, verify them in one target pass, accept a prefix."""
         k = num_steps
+        self.catch_up(reqs)  # requests the gate left behind: one extend each over their buffered positions
         slots = torch.tensor([r.slot for r in reqs])
         # draft chain: d_1 is known; d_2..d_k from k-1 steps at positions P+1..P+k-1
         drafts = [[r.draft_next] for r in reqs]
