@@ -139,12 +139,12 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     if plots_dir:
         plots.training(pd.read_csv(train_metrics), Path(plots_dir) / "training.png")
         parts += ["", f"![training curves]({_rel(plots_dir, out)}/training.png)"]
-    if bench_summaries:
-        parts += sweep_sections(config, pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True),
-                                plots_dir, out)  # fmt: skip
+    sweep = pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True) if bench_summaries else None
+    if sweep is not None:
+        parts += sweep_sections(config, sweep, plots_dir, out)
 
     stages = [s for s in STAGES if s != "regenerate" or regen_summary]
-    stages += [f"bench_{v}" for v in sorted(pd.concat([pd.read_csv(p) for p in bench_summaries]).variant.unique())] if bench_summaries else []
+    stages += [f"bench_{v}" for v in sorted(sweep.variant.unique())] if sweep is not None else []
     times = stage_times(Path(stage_times_dir), stages)
     if times:
         total = sum(float(r[1]) for r in times)
