@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from specgate.gate import GateConfig
 from specgate.launcher import ServeSettings, Variant, reference_command, sglang_command, variants
 
@@ -9,14 +11,15 @@ def _flag(cmd, name):
 
 
 def test_variants_cover_nospec_always_thresholds_and_hysteresis():
-    names = [v.name for v in variants([2, 8], [[8, 4]])]
-    assert names == ["nospec", "always", "gate_2", "gate_8", "gate_8_4"]
+    vs = variants([2, 8], [[8, 4]], [8])
+    assert [v.name for v in vs] == ["nospec", "always", "gate_2", "gate_8", "gate_8_4", "steps0_8"]
+    assert [v.gate_mode for v in vs if v.gated] == ["true-off"] * 3 + ["sglang-steps0"]
 
 
 def test_sglang_gated_command(tmp_path):
     s = ServeSettings("/m/target", "/m/drafter", num_steps=3, max_running=128, tp=2, attention_backend="flashinfer",
                       extra_args=["--mem-fraction-static", "0.8"], env={"NCCL_NVLS_ENABLE": "0"})  # fmt: skip
-    cmd, env = sglang_command(s, Variant("gate_8", True, 8, None, 4), 31000, tmp_path)
+    cmd, env = sglang_command(s, Variant("steps0_8", True, 8, None, 4, "sglang-steps0"), 31000, tmp_path)
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     assert _flag(cmd, "--speculative-algorithm") == "EAGLE3" and _flag(cmd, "--speculative-draft-model-path") == "/m/drafter"
     assert _flag(cmd, "--speculative-num-steps") == "3" and _flag(cmd, "--speculative-eagle-topk") == "1"
@@ -26,9 +29,19 @@ def test_sglang_gated_command(tmp_path):
     adaptive = json.loads(open(_flag(cmd, "--speculative-adaptive-config")).read())
     assert adaptive == {"1": {"candidate_steps": [0, 3]}}
     gate = json.loads(env["SPECGATE_GATE"])
-    assert gate == {"num_steps": 3, "disable_at": 8, "enable_at": None, "min_dwell_steps": 4}
+    assert gate == {"mode": "sglang-steps0", "num_steps": 3, "disable_at": 8, "enable_at": None, "min_dwell_steps": 4}
     GateConfig(gate["disable_at"], gate["enable_at"], gate["min_dwell_steps"])  # the plugin accepts it
     assert env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_sglang_true_off_gate_needs_no_adaptive_tier(tmp_path):
+    s = ServeSettings("/m/target", "/m/drafter", num_steps=3, gate_buffer_tokens=48)
+    cmd, env = sglang_command(s, Variant("gate_8", True, 8), 31000, tmp_path)
+    assert "--speculative-adaptive" not in cmd and _flag(cmd, "--speculative-num-steps") == "3"
+    assert json.loads(env["SPECGATE_GATE"]) == {"mode": "true-off", "num_steps": 3, "disable_at": 8, "enable_at": None,
+                                                "min_dwell_steps": 0, "buffer_tokens": 48}  # fmt: skip
+    with pytest.raises(ValueError, match="always a true off"):
+        reference_command(s, Variant("steps0_8", True, 8, gate_mode="sglang-steps0"), 1)
 
 
 def test_sglang_nospec_and_always(tmp_path):

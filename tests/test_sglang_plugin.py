@@ -30,11 +30,11 @@ def sglang_dirs() -> list[str | None]:
     return []
 
 
-def run_check(sglang_dir, gate, trace):
+def run_check(sglang_dir, gate, trace, script="check_plugin.py"):
     env = dict(os.environ, SPECGATE_GATE=json.dumps(gate))
     if sglang_dir:
         env["PYTHONPATH"] = os.pathsep.join([sglang_dir, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(HERE / "sglang/check_plugin.py"), json.dumps(trace)],
+    proc = subprocess.run([sys.executable, str(HERE / "sglang" / script), json.dumps(trace)],
                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
@@ -42,7 +42,8 @@ def run_check(sglang_dir, gate, trace):
 
 
 @pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
-@pytest.mark.parametrize("gate", [{"num_steps": 3, "disable_at": 4}, {"num_steps": 5, "disable_at": 8, "enable_at": 3, "min_dwell_steps": 2}])
+@pytest.mark.parametrize("gate", [{"mode": "sglang-steps0", "num_steps": 3, "disable_at": 4},
+                                  {"mode": "sglang-steps0", "num_steps": 5, "disable_at": 8, "enable_at": 3, "min_dwell_steps": 2}])
 def test_gate_decides_sglang_steps(sglang_dir, gate):
     trace = [1, 2, 3, 4, 5, 9, 16, 7, 5, 4, 3, 2, 1, 1, 8, 8, 2, 1]
     result, log = run_check(sglang_dir, gate, trace)
@@ -66,7 +67,7 @@ def test_plugin_refuses_cleanly_without_the_hooked_api(tmp_path):
     (pkg / "speculative" / "adaptive_spec_params.py").write_text("class AdaptiveSpeculativeParams:\n    pass\n")
     code = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n" \
            "from specgate.sglang_plugin import register; register()"  # fmt: skip
-    env = dict(os.environ, SPECGATE_GATE=json.dumps({"disable_at": 4}), PYTHONPATH=str(tmp_path))
+    env = dict(os.environ, SPECGATE_GATE=json.dumps({"mode": "sglang-steps0", "disable_at": 4}), PYTHONPATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     lines = [line for line in out.splitlines() if "specgate gate plugin" in line]
     assert len(lines) == 1 and "lacks ['get_steps_for_batch', 'on_verify_complete']" in lines[0]
@@ -76,3 +77,57 @@ def test_plugin_refuses_cleanly_without_the_hooked_api(tmp_path):
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stderr
     said = [line for line in err.splitlines() if line.startswith("[specgate] specgate gate plugin:")]
     assert len(said) == 1 and "lacks ['get_steps_for_batch', 'on_verify_complete']" in said[0]
+
+
+def _srt(sglang_dir) -> Path:
+    if sglang_dir:
+        return Path(sglang_dir) / "sglang" / "srt"
+    from specgate.sglang_trueoff import sglang_source_dir
+
+    return sglang_source_dir()
+
+
+@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
+def test_true_off_hooks_registered_only_on_the_version_they_fit(sglang_dir):
+    from specgate.sglang_trueoff import SUPPORTED_VERSION, WORKER, contract_mismatch
+
+    mismatch = contract_mismatch(_srt(sglang_dir))
+    result, log = run_check(sglang_dir, {"disable_at": 4, "buffer_tokens": 16}, [], script="check_trueoff.py")
+    targets = {f"{WORKER}.init_cuda_graphs", f"{WORKER}.forward_batch_generation"}
+    if result["version"] == SUPPORTED_VERSION:
+        assert mismatch is None
+        assert {t: result["hooks"].get(t) for t in targets} == dict.fromkeys(targets, ["around"])
+        assert "true-off hooks registered" in log
+    else:  # a newer SGLang: refused cleanly, nothing hooked
+        assert mismatch and result["version"] in mismatch
+        assert not targets & set(result["hooks"])
+        assert "specgate true-off gate refused" in log
+
+
+def test_contract_names_the_first_internal_that_changed(tmp_path):
+    import shutil
+
+    from specgate.sglang_trueoff import CONTRACT, FIELDS, contract_mismatch, sglang_source_dir
+
+    dirs = [d for d in sglang_dirs() if d is None or "0.5.15" in d]
+    if not dirs:
+        pytest.skip("no SGLang 0.5.15")
+    src = _srt(dirs[0])
+    for rel in {**CONTRACT, **FIELDS}:  # copy just the files the contract reads
+        (tmp_path / "srt" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / rel, tmp_path / "srt" / rel)
+    srt = tmp_path / "srt"
+    assert contract_mismatch(srt, version="0.5.15") is None
+    assert "is not 0.5.15" in contract_mismatch(srt, version="0.5.16")
+    worker = srt / "speculative/eagle_worker_v2.py"
+    text = worker.read_text()
+    worker.write_text(text.replace("def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None)",
+                                   "def forward_batch_generation(self, batch: ScheduleBatch, grammar_barrier=None)"))  # fmt: skip
+    assert contract_mismatch(srt, version="0.5.15") == (
+        "speculative/eagle_worker_v2.py: EAGLEWorkerV2.forward_batch_generation takes "
+        "['self', 'batch', 'grammar_barrier'], expected ['self', 'batch', 'on_publish'] first"
+    )
+    (srt / "managers/utils.py").write_text("class GenerationBatchResult:\n    logits_output: int = 0\n")
+    worker.write_text(text)
+    assert "GenerationBatchResult.next_token_ids is missing" in contract_mismatch(srt, version="0.5.15")
+    assert sglang_source_dir is not None

@@ -79,6 +79,8 @@ def _semantic_checks(config: dict) -> list[str]:
     for i, (disable_at, enable_at) in enumerate(bench["hysteresis"]):
         if enable_at >= disable_at:
             errors.append(f"config key 'bench.hysteresis[{i}]': enable_at {enable_at} must be below disable_at {disable_at}")
+    if bench["steps0_thresholds"] and config["serve"]["engine"] != "sglang":
+        errors.append("config key 'bench.steps0_thresholds': SGLang's 0-step path exists only with serve.engine sglang")
     if bench["concurrency"] != sorted(set(bench["concurrency"])):
         errors.append("config key 'bench.concurrency': levels must be distinct and increasing")
     if max(bench["concurrency"]) > config["serve"]["max_running"]:

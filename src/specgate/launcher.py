@@ -1,10 +1,11 @@
 """Server commands for the two engines, built from the same settings.
 
 SGLang: `python -m sglang.launch_server` with the target, the exported EAGLE-3 drafter,
-top-k 1, k draft steps and k + 1 draft tokens. A gated variant also turns on SGLang's
-adaptive speculation with a config that lists both step counts (0 and k), so CUDA graphs
-are captured for each, and hands the gate settings to the specgate plugin through the
-SPECGATE_GATE environment variable. `--max-running-requests` is always explicit: with
+top-k 1, k draft steps and k + 1 draft tokens. A gated variant hands the gate settings to
+the specgate plugin through the SPECGATE_GATE environment variable. The true-off gate
+(`gate_T`) needs nothing else. The comparison variant `steps0_T` uses SGLang's own 0-step
+path: it turns on SGLang's adaptive speculation with a config that lists both step counts
+(0 and k), so CUDA graphs are captured for each. `--max-running-requests` is always explicit: with
 EAGLE, SGLang otherwise lowers it to 48.
 
 Reference engine: `python -m specgate.cli serve` with the same meaning for every knob.
@@ -25,21 +26,24 @@ from specgate.sglang_plugin import ENV as GATE_ENV
 class Variant:
     """One server configuration of the sweep."""
 
-    name: str  # nospec | always | gate_T | gate_T_E
+    name: str  # nospec | always | gate_T | gate_T_E | steps0_T
     speculative: bool
     disable_at: int | None = None
     enable_at: int | None = None
     min_dwell_steps: int = 0
+    gate_mode: str = "true-off"  # or "sglang-steps0": SGLang's adaptive 0-step tier
 
     @property
     def gated(self) -> bool:
         return self.speculative and self.disable_at is not None
 
 
-def variants(thresholds: list[int], hysteresis: list[list[int]] | None = None) -> list[Variant]:
+def variants(thresholds: list[int], hysteresis: list[list[int]] | None = None,
+             steps0_thresholds: list[int] | None = None) -> list[Variant]:  # fmt: skip
     out = [Variant("nospec", False), Variant("always", True)]
     out += [Variant(f"gate_{t}", True, t) for t in thresholds]
     out += [Variant(f"gate_{d}_{e}", True, d, e) for d, e in hysteresis or []]
+    out += [Variant(f"steps0_{t}", True, t, gate_mode="sglang-steps0") for t in steps0_thresholds or []]
     return out
 
 
@@ -56,6 +60,7 @@ class ServeSettings:
     env: dict[str, str] = field(default_factory=dict)
     device: str = "cpu"
     dtype: str = "auto"  # reference engine only; SGLang serves the checkpoint's dtype
+    gate_buffer_tokens: int = 32  # true-off gate in SGLang: aux states kept per request before a flush
 
 
 def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path) -> tuple[list[str], dict]:
@@ -69,17 +74,23 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
                 "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
     if v.gated:
-        cfg_path = Path(work_dir) / f"adaptive_{v.name}.json"
-        cfg_path.parent.mkdir(parents=True, exist_ok=True)
-        # one slot for every batch size: the gate, not SGLang's batch-size table, picks 0 or k
-        cfg_path.write_text(json.dumps({"1": {"candidate_steps": [0, s.num_steps]}}))
-        cmd += ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg_path)]
-        env[GATE_ENV] = json.dumps({"num_steps": s.num_steps, "disable_at": v.disable_at, "enable_at": v.enable_at,
-                                    "min_dwell_steps": v.min_dwell_steps})  # fmt: skip
+        gate = {"mode": v.gate_mode, "num_steps": s.num_steps, "disable_at": v.disable_at, "enable_at": v.enable_at,
+                "min_dwell_steps": v.min_dwell_steps}  # fmt: skip
+        if v.gate_mode == "sglang-steps0":
+            cfg_path = Path(work_dir) / f"adaptive_{v.name}.json"
+            cfg_path.parent.mkdir(parents=True, exist_ok=True)
+            # one slot for every batch size: the gate, not SGLang's batch-size table, picks 0 or k
+            cfg_path.write_text(json.dumps({"1": {"candidate_steps": [0, s.num_steps]}}))
+            cmd += ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg_path)]
+        else:
+            gate["buffer_tokens"] = s.gate_buffer_tokens
+        env[GATE_ENV] = json.dumps(gate)
     return cmd + list(s.extra_args), env
 
 
 def reference_command(s: ServeSettings, v: Variant, port: int) -> tuple[list[str], dict]:
+    if v.gate_mode != "true-off":
+        raise ValueError(f"variant {v.name}: the reference engine's gate is always a true off, not {v.gate_mode}")
     cmd = [sys.executable, "-m", "specgate.cli", "serve", "--target", s.target, "--port", str(port),
            "--max-running", str(s.max_running), "--max-len", str(s.max_len), "--device", s.device, "--dtype", s.dtype]  # fmt: skip
     if v.speculative:

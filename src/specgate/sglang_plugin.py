@@ -1,8 +1,15 @@
-"""SGLang plugin: the specgate load gate inside SGLang's adaptive speculative decoding.
+"""SGLang plugin: the specgate load gate inside SGLang's EAGLE-3 worker.
 
 Registered under the `sglang.srt.plugins` entry point; SGLang calls `register()` early
-in every process (tokenizer manager, schedulers, every TP rank). It adds two hooks
-through SGLang's HookRegistry, editing no SGLang file:
+in every process (tokenizer manager, schedulers, every TP rank). It adds hooks through
+SGLang's HookRegistry, editing no SGLang file. Two modes:
+
+mode "true-off" (default): while the gate is off a decode step is a plain decode step of the
+target, and the draft catches up in one batched extend when drafting resumes. See
+`specgate.sglang_trueoff`; SGLang 0.5.15 only, refused cleanly on any other version.
+
+mode "sglang-steps0": SGLang's own adaptive speculation with a 0-step tier (still pays for
+the verify-mode step and the draft extend while off):
 
   AROUND AdaptiveSpeculativeParams.get_steps_for_batch   the gate decides: the configured
          number of draft steps while on, 0 while off. It sees the unpadded decode batch
@@ -14,7 +21,8 @@ The decision depends only on the decode batch size, which every TP rank sees, an
 the gate's own deterministic state, so all ranks decide alike every step.
 
 Settings come from the environment, set by specgate's launcher:
-  SPECGATE_GATE='{"num_steps": 3, "disable_at": 8, "enable_at": null, "min_dwell_steps": 0}'
+  SPECGATE_GATE='{"mode": "true-off", "num_steps": 3, "disable_at": 8, "enable_at": null,
+                  "min_dwell_steps": 0, "buffer_tokens": 32}'
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from specgate.gate import Gate, GateConfig
 log = logging.getLogger("specgate.gate")
 TARGET = "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams"
 ENV = "SPECGATE_GATE"
+MODES = ("true-off", "sglang-steps0")
+KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens"}
 LOG_EVERY = 1000  # decisions between counter lines
 
 
@@ -37,9 +47,11 @@ def gate_settings() -> dict | None:
     if not raw:
         return None
     settings = json.loads(raw)
-    unknown = set(settings) - {"num_steps", "disable_at", "enable_at", "min_dwell_steps"}
+    unknown = set(settings) - KEYS
     if unknown:
         raise ValueError(f"{ENV}: unknown keys {sorted(unknown)}")
+    if settings.setdefault("mode", "true-off") not in MODES:
+        raise ValueError(f"{ENV}: mode must be one of {MODES}, got {settings['mode']!r}")
     return settings
 
 
@@ -96,6 +108,9 @@ def register() -> None:
     if settings is None:
         _say(logging.INFO, f"specgate gate plugin: {ENV} not set; not installed")
         return
+    if settings["mode"] == "true-off":
+        _register_true_off(settings)
+        return
     api, reason = _hooked_api()
     if api is None:
         _say(logging.WARNING, f"specgate gate plugin: {reason}; not installed, SGLang runs unchanged")
@@ -105,3 +120,18 @@ def register() -> None:
     registry.register(f"{TARGET}.get_steps_for_batch", get_steps, hook_type.AROUND)
     registry.register(f"{TARGET}.on_verify_complete", on_verify, hook_type.AROUND)
     _say(logging.INFO, f"specgate gate plugin: hooks registered on {TARGET} ({settings})")
+
+
+def _register_true_off(settings: dict) -> None:
+    from specgate import sglang_trueoff
+
+    mismatch = sglang_trueoff.contract_mismatch()
+    if mismatch:
+        _say(logging.WARNING, f"specgate true-off gate refused: {mismatch}; not installed, SGLang runs unchanged")
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    init_graphs, forward = sglang_trueoff.make_hooks(settings)
+    HookRegistry.register(f"{sglang_trueoff.WORKER}.init_cuda_graphs", init_graphs, HookType.AROUND)
+    HookRegistry.register(f"{sglang_trueoff.WORKER}.forward_batch_generation", forward, HookType.AROUND)
+    _say(logging.INFO, f"specgate gate plugin: true-off hooks registered on {sglang_trueoff.WORKER} ({settings})")

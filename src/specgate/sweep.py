@@ -24,18 +24,18 @@ log = logging.getLogger(__name__)
 
 
 def variant_by_name(name: str, bench: dict):
-    for v in variants(bench["thresholds"], bench["hysteresis"]):
+    for v in variants(bench["thresholds"], bench["hysteresis"], bench["steps0_thresholds"]):
         if v.name == name:
             v.min_dwell_steps = bench["min_dwell_steps"]
             return v
-    raise ValueError(f"unknown sweep variant {name!r}: not in bench.thresholds / bench.hysteresis")
+    raise ValueError(f"unknown sweep variant {name!r}: not in bench.thresholds / hysteresis / steps0_thresholds")
 
 
 def serve_settings(serve: dict, target: str, drafter: str | None, device: str) -> ServeSettings:
     return ServeSettings(target=target, draft=drafter, num_steps=serve["num_steps"], max_running=serve["max_running"],
                          max_len=serve["max_len"], tp=serve["tp"], attention_backend=serve["attention_backend"],
                          extra_args=list(serve["extra_args"]), env={k: str(v) for k, v in serve["env"].items()},
-                         device=device, dtype=serve["dtype"])  # fmt: skip
+                         device=device, dtype=serve["dtype"], gate_buffer_tokens=serve["gate_buffer_tokens"])  # fmt: skip
 
 
 def requests_for(bench: dict):

@@ -46,11 +46,16 @@ def report_inputs(wildcards):
 
 
 def sweep_variants():
-    """nospec, always, gate_T per threshold and gate_D_E per hysteresis pair."""
+    """nospec, always, gate_T per threshold, gate_D_E per hysteresis pair, steps0_T (SGLang's 0-step path)."""
     from specgate.launcher import variants
 
     bench = config["bench"]
-    return [v.name for v in variants(bench["thresholds"], bench["hysteresis"])]
+    return [
+        v.name
+        for v in variants(
+            bench["thresholds"], bench["hysteresis"], bench["steps0_thresholds"]
+        )
+    ]
 
 
 def variant_params(wildcards):
@@ -67,7 +72,7 @@ def level_params():
     return {
         k: v
         for k, v in config["bench"].items()
-        if k not in ("thresholds", "hysteresis")
+        if k not in ("thresholds", "hysteresis", "steps0_thresholds")
     }
 
 
