@@ -60,6 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=int, default=192)
     p.add_argument("--deadline-s", type=float, default=None, help="seconds from start: start no variant that cannot end before")
     p.add_argument("--first-need-s", type=float, default=200, help="assumed length of a variant before one was timed")
+    p.add_argument("--identity", default="", help="variants that also run the greedy identity schedule")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
 
@@ -73,9 +74,48 @@ def load(args):
                  "ignore_eos": True, "min_requests": args.min_requests,
                  "requests_per_concurrency": args.requests_per_concurrency,
                  "warmup_requests": args.warmup_requests, "prompts": args.prompts}  # fmt: skip
+    names = [n for n in args.variants.split(",") + args.report_variants.split(",") if n]
+    for n in names:  # gate_T and steps0_T named on the command line need their thresholds in the config
+        kind, _, t = n.partition("_")
+        key = {"gate": "thresholds", "steps0": "steps0_thresholds"}.get(kind)
+        if key and t.isdigit() and int(t) not in bench[key]:
+            overrides.setdefault(key, sorted(set(bench[key]) | {int(t)}))
+            overrides[key] = sorted(set(overrides[key]) | {int(t)})
     changed = {k: (bench[k], v) for k, v in overrides.items() if bench[k] != v}
     bench.update(overrides)
     return config, changed
+
+
+def identity_hook(work: Path, name: str, sequential_too: bool):
+    """on_ready callback: the greedy identity schedule (and, for the reference, one request at a time)."""
+    import asyncio
+
+    from specgate.bench_client import identity_schedule, run_schedule
+
+    def run(url, model, prompts):
+        jobs = identity_schedule(len(prompts))
+        t = time.monotonic()
+        out = {"schedule": asyncio.run(run_schedule(url, model, prompts, jobs))}
+        if sequential_too:
+            out["sequential"] = asyncio.run(run_schedule(url, model, prompts, jobs, sequential=True))
+        (work / "identity").mkdir(exist_ok=True)
+        (work / "identity" / f"{name}.json").write_text(json.dumps(out))
+        log.info("%s: identity schedule done in %.1f s", name, time.monotonic() - t)
+
+    return run
+
+
+def identity_summary(work: Path) -> dict:
+    from specgate.bench_client import compare_outputs
+
+    runs = {f.stem: json.loads(f.read_text()) for f in sorted((work / "identity").glob("*.json"))}
+    if "nospec" not in runs:
+        return {}
+    ref = runs["nospec"]["schedule"]
+    out = {f"{n} vs nospec (same schedule)": compare_outputs(ref, r["schedule"]) for n, r in runs.items() if n != "nospec"}
+    if "sequential" in runs["nospec"]:
+        out["nospec one at a time vs nospec schedule"] = compare_outputs(runs["nospec"]["sequential"], ref)
+    return out
 
 
 def gate_evidence(server_log: Path, max_lines: int = 40) -> str:
@@ -160,12 +200,16 @@ def main(argv=None) -> int:
         log.info("=== variant %s %s", n, json.dumps(variant_dicts[n]))
         tv = time.monotonic()
         server_log = work / "logs" / f"{n}.server.log"
+        stats_dir = work / "stats" / n
+        stats_dir.mkdir(parents=True, exist_ok=True)
+        serve_n = {**serve, "env": {**serve["env"], "SPECGATE_STATS_DIR": str(stats_dir)}}
+        on_ready = identity_hook(work, n, n == "nospec") if n in args.identity.split(",") else None
         try:
             summary = sweep.run_variant(
-                variant_dicts[n], engine=serve["engine"], serve=serve, bench=bench, target=args.target,
+                variant_dicts[n], engine=serve["engine"], serve=serve_n, bench=bench, target=args.target,
                 drafter=args.drafter, eval_jsonl=args.eval, records_out=str(work / "bench" / f"{n}.jsonl"),
                 summary_out=str(work / "bench" / f"{n}.csv"), server_log=str(server_log),
-                work_dir=str(work / "work"), device=config["device"], seed=config["seed"])  # fmt: skip
+                work_dir=str(work / "work"), device=config["device"], seed=config["seed"], on_ready=on_ready)  # fmt: skip
             cols = ["concurrency", "output_throughput", "median_ttft_ms", "median_itl_ms", "accept_length", "failed"]
             log.info("%s done in %.1f s\n%s", n, time.monotonic() - tv, summary[cols].to_string(index=False))
             timings[n] = time.monotonic() - tv
@@ -175,12 +219,19 @@ def main(argv=None) -> int:
             if isinstance(e, KeyboardInterrupt):
                 raise
         timings_path.write_text(json.dumps(timings, indent=1))
+        for f in stats_dir.glob("gate_stats_*.json"):
+            log.info("%s gate stats: %s", n, f.read_text())
+            (work / "logs" / f"gate_stats_{n}.json").write_text(f.read_text())
+        if (work / "identity").exists():
+            ident = identity_summary(work)
+            (work / "logs" / "identity_summary.json").write_text(json.dumps(ident, indent=1))
+            log.info("identity: %s", json.dumps({k: (v["identical"], v["requests"]) for k, v in ident.items()}))
         if server_log.exists():
             ev = gate_evidence(server_log)
             with open(work / "logs" / "gate_evidence.txt", "a") as f:
                 f.write(ev)
             print(ev, flush=True)
-        summary_all = concat(work, ALL)
+        summary_all = concat(work, args.report_variants.split(","))
         if summary_all is not None:
             summary_all.to_csv(work / "sweep_summary.csv", index=False)
         mirror(work, out)

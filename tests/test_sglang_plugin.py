@@ -42,8 +42,13 @@ def run_check(sglang_dir, gate, trace, script="check_plugin.py"):
 
 
 @pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
-@pytest.mark.parametrize("gate", [{"mode": "sglang-steps0", "num_steps": 3, "disable_at": 4},
-                                  {"mode": "sglang-steps0", "num_steps": 5, "disable_at": 8, "enable_at": 3, "min_dwell_steps": 2}])
+@pytest.mark.parametrize(
+    "gate",
+    [
+        {"mode": "sglang-steps0", "num_steps": 3, "disable_at": 4},
+        {"mode": "sglang-steps0", "num_steps": 5, "disable_at": 8, "enable_at": 3, "min_dwell_steps": 2},
+    ],
+)
 def test_gate_decides_sglang_steps(sglang_dir, gate):
     trace = [1, 2, 3, 4, 5, 9, 16, 7, 5, 4, 3, 2, 1, 1, 8, 8, 2, 1]
     result, log = run_check(sglang_dir, gate, trace)
@@ -89,11 +94,11 @@ def _srt(sglang_dir) -> Path:
 
 @pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
 def test_true_off_hooks_registered_only_on_the_version_they_fit(sglang_dir):
-    from specgate.sglang_trueoff import SUPPORTED_VERSION, WORKER, contract_mismatch
+    from specgate.sglang_trueoff import RESULTS, SUPPORTED_VERSION, WORKER, contract_mismatch
 
     mismatch = contract_mismatch(_srt(sglang_dir))
     result, log = run_check(sglang_dir, {"disable_at": 4, "buffer_tokens": 16}, [], script="check_trueoff.py")
-    targets = {f"{WORKER}.init_cuda_graphs", f"{WORKER}.forward_batch_generation"}
+    targets = {f"{WORKER}.init_cuda_graphs", f"{WORKER}.forward_batch_generation", f"{RESULTS}._resolve_spec_v2_tokens"}
     if result["version"] == SUPPORTED_VERSION:
         assert mismatch is None
         assert {t: result["hooks"].get(t) for t in targets} == dict.fromkeys(targets, ["around"])

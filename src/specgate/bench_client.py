@@ -195,3 +195,50 @@ async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: 
                               f"(error rate {row['error_rate']:.2f} > bench.max_error_rate {max_error_rate}): "
                               f"{row['errors']}")  # fmt: skip
     return all_records, rows
+
+
+# -- greedy identity across gate switches ------------------------------------------------------
+
+
+def identity_schedule(num_prompts: int, waves: int = 3, per_wave: int = 12, gap_s: float = 1.5) -> list[dict]:
+    """Bursts of greedy requests with staggered lengths: each burst drives the batch above a small
+    threshold, and its requests finish one by one, so the gate switches off, then on, every wave."""
+    jobs = []
+    for w in range(waves):
+        for i in range(per_wave):
+            jobs.append({"wave": w, "start_s": w * gap_s, "prompt": (w * per_wave + i) % num_prompts,
+                         "max_tokens": 8 + 10 * ((i * 7 + w) % per_wave)})  # fmt: skip
+    return jobs
+
+
+async def run_schedule(url: str, model: str, prompts: list[list[dict]], jobs: list[dict], timeout_s: float = 600,
+                       sequential: bool = False) -> list[dict]:  # fmt: skip
+    """Send each job at its start time (greedy, ignore_eos), or one after another; outputs in job order."""
+
+    async def one(session, job, t0):
+        await asyncio.sleep(max(0.0, t0 + job["start_s"] - time.perf_counter()))
+        body = {"model": model, "messages": prompts[job["prompt"]], "max_tokens": job["max_tokens"],
+                "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+        async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+            data = await resp.json()
+            if resp.status != 200:
+                return {**job, "error": f"HTTP {resp.status}: {str(data)[:200]}"}
+        return {**job, "text": data["choices"][0]["message"]["content"], "tokens": data["usage"]["completion_tokens"]}
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        if sequential:
+            return [await one(session, {**j, "start_s": 0.0}, time.perf_counter()) for j in jobs]
+        t0 = time.perf_counter()
+        return list(await asyncio.gather(*(one(session, j, t0) for j in jobs)))
+
+
+def compare_outputs(reference: list[dict], candidate: list[dict]) -> dict:
+    """Requests whose greedy text differs from the reference's, with where the first difference is."""
+    diffs = []
+    for r, c in zip(reference, candidate, strict=True):
+        if r.get("text") != c.get("text"):
+            a, b = r.get("text") or "", c.get("text") or ""
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diffs.append({"prompt": r["prompt"], "max_tokens": r["max_tokens"], "first_diff_char": at,
+                          "error": c.get("error") or r.get("error")})  # fmt: skip
+    return {"requests": len(reference), "identical": len(reference) - len(diffs), "differ": diffs}

@@ -131,7 +131,6 @@ def _register_true_off(settings: dict) -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    init_graphs, forward = sglang_trueoff.make_hooks(settings)
-    HookRegistry.register(f"{sglang_trueoff.WORKER}.init_cuda_graphs", init_graphs, HookType.AROUND)
-    HookRegistry.register(f"{sglang_trueoff.WORKER}.forward_batch_generation", forward, HookType.AROUND)
+    for target, hook in sglang_trueoff.make_hooks(settings).items():
+        HookRegistry.register(target, hook, HookType.AROUND)
     _say(logging.INFO, f"specgate gate plugin: true-off hooks registered on {sglang_trueoff.WORKER} ({settings})")

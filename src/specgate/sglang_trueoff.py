@@ -16,9 +16,12 @@ yields the draft state that drafting resumes from. A buffer that fills up (W tok
 flushed the same way while off. Requests admitted while off get their draft KV from the
 prefill, as always.
 
-Two hooks, no SGLang file edited:
+Three hooks, no SGLang file edited:
   AROUND EAGLEWorkerV2.init_cuda_graphs           build the decode graph, backend and buffers
   AROUND EAGLEWorkerV2.forward_batch_generation   the gate, the off step, the catch-up
+  AROUND SchedulerBatchResultProcessor._resolve_spec_v2_tokens
+                                                  acceptance of the speculative steps alone
+                                                  (SGLang's own average also counts off steps)
 
 The off step returns a spec-v2 result with one token per request (stride 1, accept length
 1), so the scheduler, the KV accounting and the overlap future map work unchanged. Batches
@@ -51,7 +54,10 @@ from specgate.trueoff_core import AuxBuffers
 log = logging.getLogger("specgate.gate")
 SUPPORTED_VERSION = "0.5.15"
 WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
 LOG_EVERY = 2000  # decode steps between counter lines
+RECENT_STEPS = 32  # speculative steps after a catch-up counted as "just resumed"
+STATS_ENV = "SPECGATE_STATS_DIR"  # if set, rank 0 keeps its counters in a JSON file there
 
 # file (under sglang/srt) -> class -> member -> parameter names it must take (None: must exist)
 CONTRACT = {
@@ -78,24 +84,58 @@ CONTRACT = {
         "TpModelWorker": {"forward_batch_generation": ["self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify"]},
     },
     "speculative/eagle_utils.py": {
-        None: {"get_draft_input_from_target_hidden_dim": ["model_runner"], "_eagle_prefill_tail_tokens": ["batch", "next_token_ids"]},
+        None: {
+            "get_draft_input_from_target_hidden_dim": ["model_runner"],
+            "_eagle_prefill_tail_tokens": ["batch", "next_token_ids"],
+        },
     },
-    "managers/overlap_utils.py": {"FutureMap": {"resolve_seq_lens_cpu": ["self", "batch"], "publish": ["self", "future_indices", "new_seq_lens"]}},
+    "managers/scheduler_components/batch_result_processor.py": {
+        "SchedulerBatchResultProcessor": {"_resolve_spec_v2_tokens": ["self", "result", "batch"]},
+    },
+    "managers/overlap_utils.py": {
+        "FutureMap": {"resolve_seq_lens_cpu": ["self", "batch"], "publish": ["self", "future_indices", "new_seq_lens"]}
+    },
 }
 # dataclass fields the off step and the catch-up construct or read
 FIELDS = {
     "managers/utils.py": {
-        "GenerationBatchResult": ["logits_output", "next_token_ids", "can_run_cuda_graph", "speculative_num_draft_tokens",
-                                  "accept_lens", "new_seq_lens", "next_draft_input", "extra_keep_alive_refs"],  # fmt: skip
+        "GenerationBatchResult": [
+            "logits_output",
+            "next_token_ids",
+            "can_run_cuda_graph",
+            "speculative_num_draft_tokens",
+            "accept_lens",
+            "new_seq_lens",
+            "next_draft_input",
+            "extra_keep_alive_refs",
+        ],  # fmt: skip
     },
     "speculative/eagle_info.py": {
         "EagleDraftInput": ["topk_p", "topk_index", "hidden_states", "bonus_tokens", "num_tokens_per_req", "future_indices"],
     },
     "managers/schedule_batch.py": {
-        "ScheduleBatch": ["reqs", "req_pool_indices", "req_pool_indices_cpu", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
-                          "orig_seq_lens", "out_cache_loc", "input_ids", "extend_lens", "prefix_lens", "extend_num_tokens",
-                          "extend_logprob_start_lens", "chunked_req_next_prompt_token", "return_logprob", "has_grammar",
-                          "return_hidden_states", "spec_info", "capture_hidden_mode", "sampling_info"],  # fmt: skip
+        "ScheduleBatch": [
+            "reqs",
+            "req_pool_indices",
+            "req_pool_indices_cpu",
+            "seq_lens",
+            "seq_lens_cpu",
+            "seq_lens_sum",
+            "orig_seq_lens",
+            "out_cache_loc",
+            "input_ids",
+            "extend_lens",
+            "prefix_lens",
+            "extend_num_tokens",
+            "extend_logprob_start_lens",
+            "chunked_req_next_prompt_token",
+            "return_logprob",
+            "has_grammar",
+            "return_hidden_states",
+            "spec_info",
+            "capture_hidden_mode",
+            "sampling_info",
+        ],  # fmt: skip
     },
 }
 
@@ -207,6 +247,12 @@ class TrueOffGate:
         self.draft_runner = worker.draft_worker.draft_runner
         self.catchups = self.flushes = self.caught_up_tokens = 0
         self.plain_steps = self.original_steps = 0
+        self.since_catchup = RECENT_STEPS
+        # acceptance of speculative steps: [request-steps, tokens] just after a catch-up and otherwise
+        self.accept = {"resumed": [0, 0], "steady": [0, 0]}
+        rank = getattr(worker, "tp_rank", 0)
+        stats_dir = os.environ.get(STATS_ENV)
+        self.stats_path = Path(stats_dir) / f"gate_stats_{os.getpid()}.json" if stats_dir and rank == 0 else None
 
         mr = self.target_mr
         before = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
@@ -246,12 +292,17 @@ class TrueOffGate:
         plain_ok = not (batch.return_logprob or batch.has_grammar or batch.return_hidden_states) and _has_bonus(batch)
         if self.gate.switches != before or (self.gate.steps_on + self.gate.steps_off) % LOG_EVERY == 0:
             log.info("specgate gate %s at batch %d: %s", "on" if on else "off", len(batch.reqs), json.dumps(self.counters()))
+            self.write_stats()
         slots_cpu = _slots_cpu(batch)
         if on or not plain_ok:
             if self.buffers.pending(slots_cpu):
                 self.catch_up(batch, slots_cpu, full_only=False)
+                self.since_catchup = 0
             self.original_steps += 1
-            return original(worker, batch, on_publish)
+            out = original(worker, batch, on_publish)
+            out._specgate_resumed = self.since_catchup < RECENT_STEPS  # read back when the result is processed
+            self.since_catchup += 1
+            return out
         if (self.buffers.n_cpu[slots_cpu] >= self.buffers.window).any():
             self.catch_up(batch, slots_cpu, full_only=True)
             self.flushes += 1
@@ -297,6 +348,8 @@ class TrueOffGate:
         if on_publish is not None:
             on_publish(new_seq_lens)
         logits_output = out.logits_output
+        if logits_output.hidden_states is None:
+            raise RuntimeError("specgate true-off: the target returned no aux hidden states in DECODE mode")
         self.buffers.append(batch.req_pool_indices, slots_cpu, tokens, logits_output.hidden_states)
         logits_output.hidden_states = None  # buffered; nothing downstream reads it
         next_ids = out.next_token_ids
@@ -365,9 +418,28 @@ class TrueOffGate:
         self.catchups += 1
         self.caught_up_tokens += plan.total
 
+    def count_accepted(self, result, batch) -> None:
+        """Called once the step's accept lengths reach the host; off steps (stride 1) are not counted."""
+        if (result.speculative_num_draft_tokens or 1) <= 1 or not hasattr(result, "_specgate_resumed"):
+            return
+        kind = "resumed" if result._specgate_resumed else "steady"
+        self.accept[kind][0] += len(batch.reqs)
+        self.accept[kind][1] += result.num_correct_drafts + len(batch.reqs)
+
     def counters(self) -> dict:
+        rate = {k: round(t / n, 4) if n else None for k, (n, t) in self.accept.items()}
+        n, t = (sum(v[i] for v in self.accept.values()) for i in (0, 1))
         return {**self.gate.counters(), "mode": "true-off", "plain_steps": self.plain_steps, "original_steps": self.original_steps,
-                "catchups": self.catchups, "flushes": self.flushes, "caught_up_tokens": self.caught_up_tokens}  # fmt: skip
+                "catchups": self.catchups, "flushes": self.flushes, "caught_up_tokens": self.caught_up_tokens,
+                "accept_length_on": round(t / n, 4) if n else None, "accept_length_resumed": rate["resumed"],
+                "accept_length_steady": rate["steady"], "verify_request_steps_on": n}  # fmt: skip
+
+    def write_stats(self) -> None:
+        if self.stats_path is None:
+            return
+        tmp = self.stats_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.counters()))
+        tmp.replace(self.stats_path)
 
 
 def _slots_cpu(batch) -> np.ndarray:
@@ -401,7 +473,7 @@ def unsupported(worker) -> str | None:
 
 
 def make_hooks(settings: dict):
-    """AROUND hooks for EAGLEWorkerV2.init_cuda_graphs and .forward_batch_generation."""
+    """AROUND hooks for EAGLEWorkerV2.init_cuda_graphs, .forward_batch_generation and the result processor."""
 
     def init_cuda_graphs(original, self, *args, **kwargs):
         result = original(self, *args, **kwargs)
@@ -418,7 +490,15 @@ def make_hooks(settings: dict):
             return original(self, batch, on_publish)
         return state.forward(original, batch, on_publish)
 
-    return init_cuda_graphs, forward_batch_generation
+    def resolve_spec_v2_tokens(original, self, result, batch, *args, **kwargs):
+        out = original(self, result, batch, *args, **kwargs)
+        state = getattr(self.model_worker, "__dict__", {}).get("_specgate_trueoff")
+        if state is not None:
+            state.count_accepted(result, batch)
+        return out
+
+    return {f"{WORKER}.init_cuda_graphs": init_cuda_graphs, f"{WORKER}.forward_batch_generation": forward_batch_generation,
+            f"{RESULTS}._resolve_spec_v2_tokens": resolve_spec_v2_tokens}  # fmt: skip
 
 
 def _say(msg: str) -> None:

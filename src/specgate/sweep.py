@@ -49,8 +49,10 @@ def _get_json(url: str) -> dict:
 
 def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target: str, drafter: str | None,
                 eval_jsonl: str, records_out: str, summary_out: str, server_log: str, work_dir: str, device: str,
-                seed: int) -> pd.DataFrame:  # fmt: skip
-    """`variant`: a launcher.Variant as a dict; `bench`: the bench config (levels, requests, limits)."""
+                seed: int, on_ready=None) -> pd.DataFrame:  # fmt: skip
+    """`variant`: a launcher.Variant as a dict; `bench`: the bench config (levels, requests, limits).
+
+    `on_ready(url, model, prompts)`, if given, runs once the server is up, before the levels."""
     from specgate.runtime import pick_device
 
     variant = Variant(**variant)
@@ -74,6 +76,8 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
 
     with ManagedServer(cmd, port, server_log, ready_timeout=serve["ready_timeout"], env=env) as server:
         model = _get_json(f"{server.url}/v1/models")["data"][0]["id"]
+        if on_ready is not None:
+            on_ready(server.url, model, prompts)
         info = _get_json(f"{server.url}/server_info")
         records, rows = asyncio.run(sweep_levels(
             server.url, model, prompts, bench["concurrency"], variant=name, num_requests=requests_for(bench),
