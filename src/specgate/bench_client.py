@@ -238,7 +238,7 @@ def compare_outputs(reference: list[dict], candidate: list[dict]) -> dict:
     for r, c in zip(reference, candidate, strict=True):
         if r.get("text") != c.get("text"):
             a, b = r.get("text") or "", c.get("text") or ""
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             diffs.append({"prompt": r["prompt"], "max_tokens": r["max_tokens"], "first_diff_char": at,
                           "error": c.get("error") or r.get("error")})  # fmt: skip
     return {"requests": len(reference), "identical": len(reference) - len(diffs), "differ": diffs}

@@ -429,8 +429,8 @@ class TrueOffGate:
     def counters(self) -> dict:
         rate = {k: round(t / n, 4) if n else None for k, (n, t) in self.accept.items()}
         n, t = (sum(v[i] for v in self.accept.values()) for i in (0, 1))
-        return {**self.gate.counters(), "mode": "true-off", "plain_steps": self.plain_steps, "original_steps": self.original_steps,
-                "catchups": self.catchups, "flushes": self.flushes, "caught_up_tokens": self.caught_up_tokens,
+        return {**self.gate.counters(), "mode": "true-off", "plain_steps": self.plain_steps,
+                "original_steps": self.original_steps, "catchups": self.catchups, "flushes": self.flushes, "caught_up_tokens": self.caught_up_tokens,
                 "accept_length_on": round(t / n, 4) if n else None, "accept_length_resumed": rate["resumed"],
                 "accept_length_steady": rate["steady"], "verify_request_steps_on": n}  # fmt: skip
 
