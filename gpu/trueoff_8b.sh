@@ -7,13 +7,13 @@
 set -u
 BACKEND=$1; shift
 source gpu/device_env.sh
-K=/tmp/kit8b; O=/tmp/r8b_$BACKEND; mkdir -p $O
+K=/tmp/kit8b; O=/tmp/r8b_$BACKEND${TAG:-}; mkdir -p $O
 test -d $K || python3 gpu/llama8b/mkcfg.py $K
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws
 export CONC=${CONC:-16,64,128} T_LEVEL=${T_LEVEL:-8} OSL=${OSL:-128} PROFILE_CONC=${PROFILE_CONC:-64} READY_TIMEOUT=400
 COMMON="--model-path $K/target --load-format dummy --skip-tokenizer-init --attention-backend $BACKEND
   --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.8 --cuda-graph-max-bs 128
-  --max-running-requests 128 --context-length 4096 --disable-prefill-cuda-graph"
+  --max-running-requests 128 --context-length 4096 --disable-prefill-cuda-graph ${EXTRA:-}"
 DRAFT="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/draft --speculative-draft-load-format dummy"
 SPEC3="$DRAFT --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
 if [ "$BACKEND" = flashinfer ] && [ ! -e /tmp/fi_warm.done ]; then
@@ -47,4 +47,4 @@ for name, levels in rows.items():
     print(name, {c: (b["out_tok_per_s"], round(b["out_tok_per_s"] / base[c]["out_tok_per_s"], 3) if c in base else None,
                      b.get("log_gen_tput_median")) for c, b in levels.items()})
 PY
-tar czf $OUT/r8b_$BACKEND.tar.gz -C /tmp r8b_$BACKEND --exclude='prof_*' 2>/dev/null; ls -la $OUT
+tar czf $OUT/r8b_$BACKEND${TAG:-}.tar.gz -C /tmp r8b_$BACKEND${TAG:-} --exclude='prof_*' 2>/dev/null; ls -la $OUT

@@ -48,3 +48,30 @@ def test_resume_after_kill_9_ends_with_the_same_weights(tmp_path, tiny_target, t
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
     with open(out / "metrics.csv") as f, open(ref / "metrics.csv") as g:
         assert [r["step"] for r in csv.DictReader(f)] == [r["step"] for r in csv.DictReader(g)]
+
+
+def test_ranks_that_drift_apart_are_an_error():
+    from types import SimpleNamespace
+
+    from specgate.train import check_ranks_agree
+
+    params = [torch.ones(3), torch.zeros(2)]
+    same = SimpleNamespace(num_processes=2, device="cpu", gather=lambda t: torch.cat([t, t]))
+    check_ranks_agree(params, same)
+    drifted = SimpleNamespace(num_processes=2, device="cpu", gather=lambda t: torch.cat([t, t + 0.5]))
+    with pytest.raises(RuntimeError, match="ranks' weights differ"):
+        check_ranks_agree(params, drifted)
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_train_one_model(tmp_path, tiny_target, tiny_capture):
+    from specgate.train import run_training_job
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_drafter(**_job(tiny_target, tiny_capture, one))
+    run_training_job(2, **_job(tiny_target, tiny_capture, two))  # two ranks over gloo; fails if they drift
+    rows_one = list(csv.DictReader(open(one / "metrics.csv")))
+    rows_two = list(csv.DictReader(open(two / "metrics.csv")))
+    assert 0 < len(rows_two) < len(rows_one)  # each step now takes two batches, one per rank
+    assert float(rows_two[-1]["loss"]) < float(rows_two[0]["loss"])
+    assert load_file(two / "drafter.safetensors").keys() == load_file(one / "drafter.safetensors").keys()

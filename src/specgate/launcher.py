@@ -61,6 +61,7 @@ class ServeSettings:
     device: str = "cpu"
     dtype: str = "auto"  # reference engine only; SGLang serves the checkpoint's dtype
     gate_buffer_tokens: int = 32  # true-off gate in SGLang: aux states kept per request before a flush
+    gate_sync_free_seq_lens: bool = False  # true-off gate in SGLang: skip spec v2's seq_lens sync after off steps
 
 
 def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path) -> tuple[list[str], dict]:
@@ -84,6 +85,8 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
             cmd += ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg_path)]
         else:
             gate["buffer_tokens"] = s.gate_buffer_tokens
+            if s.gate_sync_free_seq_lens:
+                gate["sync_free_seq_lens"] = True
         env[GATE_ENV] = json.dumps(gate)
     return cmd + list(s.extra_args), env
 

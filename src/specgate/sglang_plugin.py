@@ -38,7 +38,7 @@ log = logging.getLogger("specgate.gate")
 TARGET = "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams"
 ENV = "SPECGATE_GATE"
 MODES = ("true-off", "sglang-steps0")
-KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens"}
+KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens", "sync_free_seq_lens"}
 LOG_EVERY = 1000  # decisions between counter lines
 
 

@@ -16,12 +16,16 @@ yields the draft state that drafting resumes from. A buffer that fills up (W tok
 flushed the same way while off. Requests admitted while off get their draft KV from the
 prefill, as always.
 
-Three hooks, no SGLang file edited:
+Three hooks (a fourth with the sync-free option), no SGLang file edited:
   AROUND EAGLEWorkerV2.init_cuda_graphs           build the decode graph, backend and buffers
   AROUND EAGLEWorkerV2.forward_batch_generation   the gate, the off step, the catch-up
   AROUND SchedulerBatchResultProcessor._resolve_spec_v2_tokens
                                                   acceptance of the speculative steps alone
                                                   (SGLang's own average also counts off steps)
+  AROUND FutureMap.resolve_seq_lens_cpu           only with "sync_free_seq_lens": after a gate-off
+                                                  step the host knows every length (one more), so
+                                                  backends that want host lengths (flashinfer) skip
+                                                  spec v2's per-step device-to-host sync
 
 The off step returns a spec-v2 result with one token per request (stride 1, accept length
 1), so the scheduler, the KV accounting and the overlap future map work unchanged. Batches
@@ -55,6 +59,7 @@ log = logging.getLogger("specgate.gate")
 SUPPORTED_VERSION = "0.5.15"
 WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 LOG_EVERY = 2000  # decode steps between counter lines
 RECENT_STEPS = 32  # speculative steps after a catch-up counted as "just resumed"
 STATS_ENV = "SPECGATE_STATS_DIR"  # if set, rank 0 keeps its counters in a JSON file there
@@ -241,20 +246,8 @@ class TrueOffGate:
         from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidden_dim
 
         self.worker = worker
-        self.settings = settings
-        self.gate = Gate(GateConfig(settings.get("disable_at"), settings.get("enable_at"), settings.get("min_dwell_steps", 0)))
-        self.target_mr = worker.target_worker.model_runner
+        self.target_mr = mr = worker.target_worker.model_runner
         self.draft_runner = worker.draft_worker.draft_runner
-        self.catchups = self.flushes = self.caught_up_tokens = 0
-        self.plain_steps = self.original_steps = 0
-        self.since_catchup = RECENT_STEPS
-        # acceptance of speculative steps: [request-steps, tokens] just after a catch-up and otherwise
-        self.accept = {"resumed": [0, 0], "steady": [0, 0]}
-        rank = getattr(worker, "tp_rank", 0)
-        stats_dir = os.environ.get(STATS_ENV)
-        self.stats_path = Path(stats_dir) / f"gate_stats_{os.getpid()}.json" if stats_dir and rank == 0 else None
-
-        mr = self.target_mr
         before = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
         tic = time.perf_counter()
         backup = mr.init_new_workspace
@@ -266,14 +259,61 @@ class TrueOffGate:
         if mr.decode_cuda_graph_runner is not None:
             self.graph_runner = make_plain_decode_runner(mr, self.attn_backend)
         self.req_to_token = mr.req_to_token_pool.req_to_token
-        pool = self.req_to_token.shape[0]
         aux_dim = get_draft_input_from_target_hidden_dim(self.draft_runner)
-        self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, mr.model_config.dtype, mr.device)
-        self.ones = torch.ones(pool, dtype=torch.int32, device=mr.device)
+        self.init_state(settings, self.req_to_token.shape[0], aux_dim, mr.model_config.dtype, mr.device,
+                        rank=getattr(worker, "tp_rank", 0))  # fmt: skip
         used = (before - torch.cuda.mem_get_info()[0]) / 2**30 if torch.cuda.is_available() else 0.0
+        b = self.buffers
         _say(f"specgate true-off armed: plain decode graph bs={getattr(self.graph_runner, 'capture_bs', None)}, "
-             f"aux buffers {pool}x{self.buffers.window}x{aux_dim} ({self.buffers.nbytes / 2**20:.1f} MiB), "
-             f"{used:.2f} GB in {time.perf_counter() - tic:.1f} s; gate {self.gate.counters()} (pid {os.getpid()})")  # fmt: skip
+             f"aux buffers {b.tokens.shape[0]}x{b.window}x{aux_dim} ({b.nbytes / 2**20:.1f} MiB), "
+             f"{used:.2f} GB in {time.perf_counter() - tic:.1f} s; sync-free seq_lens {self.sync_free}; "
+             f"gate {self.gate.counters()} (pid {os.getpid()})")  # fmt: skip
+
+    def init_state(self, settings: dict, pool: int, aux_dim: int, dtype, device, rank: int = 0) -> None:
+        """Everything but the SGLang objects: the gate, the buffers, the host mirror, the counters."""
+        self.settings = settings
+        self.gate = Gate(GateConfig(settings.get("disable_at"), settings.get("enable_at"), settings.get("min_dwell_steps", 0)))
+        self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, dtype, device)
+        self.ones = torch.ones(pool, dtype=torch.int32, device=device)
+        # host mirror of each slot's sequence length after its last step, exact after a prefill or a
+        # gate-off step (one token each); lets the next step skip spec v2's device-to-host sync
+        self.sync_free = bool(settings.get("sync_free_seq_lens", False))
+        self.len_cpu = np.zeros(pool, dtype=np.int64)
+        self.len_ok = np.zeros(pool, dtype=bool)
+        self.catchups = self.flushes = self.caught_up_tokens = 0
+        self.plain_steps = self.original_steps = self.sync_free_resolves = 0
+        self.since_catchup = RECENT_STEPS
+        # acceptance of speculative steps: [request-steps, tokens] just after a catch-up and otherwise
+        self.accept = {"resumed": [0, 0], "steady": [0, 0]}
+        stats_dir = os.environ.get(STATS_ENV)
+        self.stats_path = Path(stats_dir) / f"gate_stats_{os.getpid()}.json" if stats_dir and rank == 0 else None
+
+    def _mirror(self, slots_cpu: np.ndarray, seq_lens_cpu, add: int) -> None:
+        if seq_lens_cpu is None:
+            self.len_ok[slots_cpu] = False
+        else:
+            self.len_cpu[slots_cpu] = np.asarray(seq_lens_cpu, dtype=np.int64) + add
+            self.len_ok[slots_cpu] = True
+
+    def resolve_seq_lens(self, future_map, batch) -> bool:
+        """spec v2's per-step seq_lens relay without its host sync, when the host already knows them.
+
+        Does the device side exactly as SGLang does (stream wait on the publish event, gather the
+        published lengths) and takes the host copy from the mirror. False: call SGLang's own."""
+        spec = batch.spec_info
+        fi = getattr(spec, "future_indices", None) if spec is not None else None
+        if not self.sync_free or fi is None or not getattr(future_map, "needs_cpu_seq_lens", False):
+            return False
+        slots = _slots_cpu(batch)
+        if slots.size == 0 or not self.len_ok[slots].all():
+            return False
+        if future_map.publish_ready is not None:
+            future_map.publish_ready.wait()
+        batch.seq_lens = future_map.new_seq_lens_buf[fi]
+        batch.seq_lens_cpu = torch.from_numpy(self.len_cpu[slots].copy())
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        self.sync_free_resolves += 1
+        return True
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -284,6 +324,7 @@ class TrueOffGate:
             slots_cpu = _slots_cpu(batch)
             if slots_cpu.size:  # new requests: the prefill built their draft KV
                 self.buffers.reset(batch.req_pool_indices, slots_cpu)
+                self._mirror(slots_cpu, batch.seq_lens_cpu, 0)  # spec v2: length before the first decode token
             return out
         if batch.forward_mode.is_idle() or not batch.reqs:
             return original(worker, batch, on_publish)
@@ -299,6 +340,7 @@ class TrueOffGate:
                 self.catch_up(batch, slots_cpu, full_only=False)
                 self.since_catchup = 0
             self.original_steps += 1
+            self.len_ok[slots_cpu] = False  # the accept lengths reach the host only later
             out = original(worker, batch, on_publish)
             out._specgate_resumed = self.since_catchup < RECENT_STEPS  # read back when the result is processed
             self.since_catchup += 1
@@ -307,6 +349,7 @@ class TrueOffGate:
             self.catch_up(batch, slots_cpu, full_only=True)
             self.flushes += 1
         self.plain_steps += 1
+        self._mirror(slots_cpu, batch.seq_lens_cpu, 1)
         return self.plain_step(batch, slots_cpu, on_publish)
 
     def plain_step(self, batch, slots_cpu, on_publish):
@@ -430,16 +473,26 @@ class TrueOffGate:
         rate = {k: round(t / n, 4) if n else None for k, (n, t) in self.accept.items()}
         n, t = (sum(v[i] for v in self.accept.values()) for i in (0, 1))
         return {**self.gate.counters(), "mode": "true-off", "plain_steps": self.plain_steps,
-                "original_steps": self.original_steps, "catchups": self.catchups, "flushes": self.flushes, "caught_up_tokens": self.caught_up_tokens,
+                "original_steps": self.original_steps, "catchups": self.catchups, "flushes": self.flushes,
+                "caught_up_tokens": self.caught_up_tokens,
                 "accept_length_on": round(t / n, 4) if n else None, "accept_length_resumed": rate["resumed"],
-                "accept_length_steady": rate["steady"], "verify_request_steps_on": n}  # fmt: skip
+                "accept_length_steady": rate["steady"], "verify_request_steps_on": n,
+                "sync_free_resolves": self.sync_free_resolves}  # fmt: skip
 
     def write_stats(self) -> None:
         if self.stats_path is None:
             return
-        tmp = self.stats_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.counters()))
-        tmp.replace(self.stats_path)
+        try:  # counters are evidence, never a reason to stop serving
+            self.stats_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.stats_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.counters()))
+            tmp.replace(self.stats_path)
+        except OSError as e:
+            log.warning("specgate: cannot write gate stats to %s: %s", self.stats_path, e)
+            self.stats_path = None
+
+
+_ACTIVE: TrueOffGate | None = None  # this process's armed gate (one EAGLE worker per scheduler process)
 
 
 def _slots_cpu(batch) -> np.ndarray:
@@ -476,12 +529,13 @@ def make_hooks(settings: dict):
     """AROUND hooks for EAGLEWorkerV2.init_cuda_graphs, .forward_batch_generation and the result processor."""
 
     def init_cuda_graphs(original, self, *args, **kwargs):
+        global _ACTIVE
         result = original(self, *args, **kwargs)
         why = unsupported(self)
         if why:
             _say(f"specgate true-off gate refused: {why}; SGLang runs unchanged (always speculating)")
             return result
-        self.__dict__["_specgate_trueoff"] = TrueOffGate(self, settings)
+        self.__dict__["_specgate_trueoff"] = _ACTIVE = TrueOffGate(self, settings)
         return result
 
     def forward_batch_generation(original, self, batch, on_publish=None):
@@ -497,8 +551,17 @@ def make_hooks(settings: dict):
             state.count_accepted(result, batch)
         return out
 
-    return {f"{WORKER}.init_cuda_graphs": init_cuda_graphs, f"{WORKER}.forward_batch_generation": forward_batch_generation,
-            f"{RESULTS}._resolve_spec_v2_tokens": resolve_spec_v2_tokens}  # fmt: skip
+    def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
+        # one scheduler process serves one worker, so the process's gate is the one to ask
+        if _ACTIVE is not None and _ACTIVE.resolve_seq_lens(self, batch):
+            return None
+        return original(self, batch, *args, **kwargs)
+
+    hooks = {f"{WORKER}.init_cuda_graphs": init_cuda_graphs, f"{WORKER}.forward_batch_generation": forward_batch_generation,
+             f"{RESULTS}._resolve_spec_v2_tokens": resolve_spec_v2_tokens}  # fmt: skip
+    if settings.get("sync_free_seq_lens"):
+        hooks[f"{FUTURE_MAP}.resolve_seq_lens_cpu"] = resolve_seq_lens_cpu
+    return hooks
 
 
 def _say(msg: str) -> None:

@@ -35,7 +35,8 @@ def serve_settings(serve: dict, target: str, drafter: str | None, device: str) -
     return ServeSettings(target=target, draft=drafter, num_steps=serve["num_steps"], max_running=serve["max_running"],
                          max_len=serve["max_len"], tp=serve["tp"], attention_backend=serve["attention_backend"],
                          extra_args=list(serve["extra_args"]), env={k: str(v) for k, v in serve["env"].items()},
-                         device=device, dtype=serve["dtype"], gate_buffer_tokens=serve["gate_buffer_tokens"])  # fmt: skip
+                         device=device, dtype=serve["dtype"], gate_buffer_tokens=serve["gate_buffer_tokens"],
+                         gate_sync_free_seq_lens=serve["gate_sync_free_seq_lens"])  # fmt: skip
 
 
 def requests_for(bench: dict):

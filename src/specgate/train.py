@@ -233,6 +233,7 @@ def train_drafter(
             with autocast:
                 loss, stats = ttt_loss(raw, embed, target_head, batch, ttt_length, loss_decay)
             accelerator.backward(loss)
+            average_gradients(params, accelerator.num_processes)
             accelerator.clip_grad_norm_(drafter.parameters(), grad_clip)
             optimizer.step()
             scheduler.step()
@@ -248,6 +249,7 @@ def train_drafter(
     bar.close()
 
     accelerator.wait_for_everyone()
+    check_ranks_agree(params, accelerator)
     if accelerator.is_main_process:
         state = {k: v.detach().float().cpu().contiguous() for k, v in raw.state_dict().items() if not k.startswith("rotary")}
         state["d2t"], state["t2d"] = raw.d2t.cpu(), raw.t2d.cpu()
@@ -255,6 +257,33 @@ def train_drafter(
             save_file(state, str(tmp), metadata={"config": cfg.to_json_string(), "fingerprint": fingerprint})
         _write_rows(out_metrics, rows)
     return rows[-1] if rows else {}
+
+
+def average_gradients(params: list[torch.Tensor], world: int) -> None:
+    """Mean of the gradients over the data-parallel ranks, in one collective.
+
+    The TTT loss calls the drafter's own methods (begin/end/logits) step by step rather than its
+    forward, so DDP's gradient hooks never arm; the reduction is done here instead."""
+    if world <= 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    torch.distributed.all_reduce(flat)
+    flat /= world
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+        g.copy_(synced)
+
+
+def check_ranks_agree(params: list[torch.Tensor], accelerator) -> None:
+    """Fail loudly if the ranks' weights drifted apart: a multi-GPU drafter must be one model."""
+    if accelerator.num_processes <= 1:
+        return
+    with torch.no_grad():
+        local = torch.stack([p.detach().float().sum() for p in params]).to(accelerator.device)
+    gathered = accelerator.gather(local[None]).view(accelerator.num_processes, -1)
+    if not torch.allclose(gathered, gathered[0].expand_as(gathered), rtol=1e-5, atol=1e-5):
+        raise RuntimeError(f"data-parallel training: the ranks' weights differ after training "
+                           f"(max |diff| of parameter sums {float((gathered - gathered[0]).abs().max()):.3g})")  # fmt: skip
 
 
 def _metrics_row(step, epoch, accelerator, stats, lr, tok_s) -> dict:
