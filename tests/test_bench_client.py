@@ -49,3 +49,28 @@ def test_a_level_over_the_error_bound_fails_with_the_reason(server):  # noqa: F8
         asyncio.run(sweep_levels(server.url, "m", bench_prompts(EVAL, 4, 0), [2], variant="gate_4",
                                  num_requests=lambda c: 4, warmup_requests=0, max_tokens=100000, ignore_eos=True,
                                  max_error_rate=0.25))  # fmt: skip
+
+
+def test_identity_schedule_crosses_the_gate_and_matches_no_spec(server, counting_target, tmp_path):  # noqa: F811
+    from test_server import serve_cmd
+
+    from specgate.bench_client import compare_outputs, identity_schedule, run_schedule, server_info
+    from specgate.lifecycle import ManagedServer, free_port
+
+    jobs = identity_schedule(10, waves=2, per_wave=6, gap_s=1.0)
+    assert len(jobs) == 12 and len({j["max_tokens"] for j in jobs}) > 4  # staggered: the batch shrinks past 4
+    jobs = [dict(j, max_tokens=4 + j["max_tokens"] // 8) for j in jobs]
+    prompts = bench_prompts(EVAL, 10, 0)
+    before = asyncio.run(server_info(server.url))
+    gated = asyncio.run(run_schedule(server.url, "m", prompts, jobs))
+    after = asyncio.run(server_info(server.url))
+    port = free_port()
+    with ManagedServer(serve_cmd(counting_target, None, port), port, tmp_path / "nospec.log", ready_timeout=120) as s:
+        plain = asyncio.run(run_schedule(s.url, "m", prompts, jobs))
+        one_by_one = asyncio.run(run_schedule(s.url, "m", prompts, jobs, sequential=True))
+    assert all("text" in r and r["tokens"] == j["max_tokens"] for r, j in zip(gated, jobs, strict=True))
+    assert after["gate"]["switches"] - before["gate"]["switches"] >= 2  # off and back on
+    assert compare_outputs(plain, gated) == {"requests": 12, "identical": 12, "differ": []}
+    assert compare_outputs(one_by_one, plain)["identical"] == 12
+    changed = [dict(r, text=r["text"] + "!") if i == 3 else r for i, r in enumerate(gated)]
+    assert compare_outputs(plain, changed)["differ"][0]["first_diff_char"] == len(plain[3]["text"])
