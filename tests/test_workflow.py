@@ -189,3 +189,15 @@ def test_snakemake_report_packs_the_plots(workdir):
     html = (work / "report.html").read_text(errors="replace")
     for name in ["throughput.png", "envelope.png", "cost_model.png", "The envelope efficiency of a variant"]:
         assert name in html, name
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "config/examples").glob("*.yaml")))
+def test_every_example_config_plans_the_whole_chain(tmp_path, example):
+    cfg = yaml.safe_load((REPO / "config/examples" / example).read_text())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    counts = planned_counts(snakemake(tmp_path, "-n"))
+    bench = cfg["bench"]
+    variants = 2 + len(bench.get("thresholds", [2, 4, 8])) + len(bench.get("hysteresis", []))
+    variants += len(bench.get("steps0_thresholds", []))
+    assert counts["bench"] == variants and counts["report"] == counts["archive"] == 1
+    assert {"capture", "train", "export", "acceptance"} <= set(counts)

@@ -13,7 +13,7 @@ rule bench:
     benchmark:
         "results/benchmarks/bench_{variant}.tsv"
     wildcard_constraints:
-        variant="nospec|always|gate_[0-9]+(_[0-9]+)?",
+        variant="nospec|always|gate_[0-9]+(_[0-9]+)?|steps0_[0-9]+",
     conda:
         "../../envs/specgate.yaml"
     threads: workflow.cores
