@@ -63,3 +63,16 @@ def test_envelope_efficiency_and_measured_crossover():
     assert cm.measured_crossover(summary) == pytest.approx(4.0)
     model, _ = cm.fit(summary)
     assert cm.predicted_envelope(model, [1, 2, 4, 8, 16, 32], 5) == pytest.approx(1.0)
+
+
+def test_gate_off_comparison_pairs_true_off_with_steps0():
+    import pandas as pd
+
+    from specgate.report import gate_off_comparison
+
+    rows = [("nospec", c, 100.0 * c) for c in (1, 4, 16)] + [("gate_4", c, 95.0 * c) for c in (1, 4, 16)]
+    summary = pd.DataFrame(rows, columns=["variant", "concurrency", "output_throughput"])
+    assert gate_off_comparison(summary) is None  # no steps0_T to compare with
+    rows += [("steps0_4", c, 50.0 * c) for c in (1, 4, 16)] + [("steps0_8", c, 10.0) for c in (1, 4, 16)]
+    table = gate_off_comparison(pd.DataFrame(rows, columns=["variant", "concurrency", "output_throughput"]))
+    assert table.splitlines()[2:] == ["| 4 | 16 | 1600.0 | 0.950 | 0.500 |"]  # c ≥ 2T only; steps0_8 has no gate_8

@@ -34,6 +34,11 @@ class GateConfig:
         if self.min_dwell_steps < 0:
             raise ValueError(f"gate min_dwell_steps must be >= 0, got {self.min_dwell_steps}")
 
+    @classmethod
+    def from_settings(cls, settings: dict) -> GateConfig:
+        """From the plugin's SPECGATE_GATE settings (extra keys ignored)."""
+        return cls(settings.get("disable_at"), settings.get("enable_at"), settings.get("min_dwell_steps", 0))
+
 
 @dataclass
 class Gate:

@@ -172,6 +172,21 @@ def _by_concurrency(summary: pd.DataFrame, column: str, variants: list[str], dig
     return _table(["concurrency", *variants], [[c, *[_fmt(table.at[c, v], digits) for v in variants]] for c in table.index])
 
 
+def gate_off_comparison(summary: pd.DataFrame) -> str | None:
+    """Throughput ÷ no-spec above each threshold swept both ways: the true-off gate (gate_T) and
+    SGLang's own 0-step path (steps0_T). None when the sweep has no such pair."""
+    thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    pairs = sorted(int(v.split("_")[1]) for v in thr.columns if v.startswith("steps0_") and f"gate_{v.split('_')[1]}" in thr)
+    if "nospec" not in thr or not pairs:
+        return None
+    rows = [[t, c, _fmt(thr.at[c, "nospec"]), _fmt(thr.at[c, f"gate_{t}"] / thr.at[c, "nospec"], 3),
+             _fmt(thr.at[c, f"steps0_{t}"] / thr.at[c, "nospec"], 3)]
+            for t in pairs for c in thr.index if c >= 2 * t]  # fmt: skip
+    if not rows:
+        return None
+    return _table(["threshold", "concurrency", "no-spec tok/s", "true-off gate ÷ no-spec", "SGLang steps=0 ÷ no-spec"], rows)
+
+
 def recommend(eff: pd.DataFrame) -> pd.Series | None:
     """The gate with the best worst-case envelope efficiency; near-ties go to the better mean."""
     gates = eff[eff.variant.str.startswith("gate_")]
@@ -263,6 +278,11 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
     if plots_dir:
         plots.envelope(summary, Path(plots_dir) / "envelope.png")
         parts += ["", f"![envelope]({_rel(plots_dir, out)}/envelope.png)"]
+    off = gate_off_comparison(summary)
+    if off:
+        parts += ["", "### Gate off: specgate's true-off gate against SGLang's own 0-step path", "",
+                  "At concurrency ≥ 2 × threshold the gate is off for most steps; throughput ÷ no-spec at the same level.",
+                  "", off]  # fmt: skip
 
     pick = recommend(eff)
     parts += ["", "## Recommended threshold", ""]

@@ -52,6 +52,7 @@ def gate_settings() -> dict | None:
         raise ValueError(f"{ENV}: unknown keys {sorted(unknown)}")
     if settings.setdefault("mode", "true-off") not in MODES:
         raise ValueError(f"{ENV}: mode must be one of {MODES}, got {settings['mode']!r}")
+    GateConfig.from_settings(settings)  # the thresholds are checked here, before any hook exists
     return settings
 
 
@@ -71,13 +72,12 @@ def _hooked_api():
 
 def make_hooks(settings: dict):
     """The two AROUND hooks, sharing one gate per AdaptiveSpeculativeParams instance."""
-    config = GateConfig(settings.get("disable_at"), settings.get("enable_at"), settings.get("min_dwell_steps", 0))
     num_steps = int(settings.get("num_steps", 3))
 
     def get_steps_for_batch(original, self, batch_size, *args, **kwargs):
         gate = self.__dict__.get("_specgate_gate")
         if gate is None:
-            gate = self.__dict__["_specgate_gate"] = Gate(GateConfig(config.disable_at, config.enable_at, config.min_dwell_steps))
+            gate = self.__dict__["_specgate_gate"] = Gate(GateConfig.from_settings(settings))
             log.info("specgate gate active: %s, %d draft steps while on (pid %d)", gate.counters(), num_steps, os.getpid())
         before = gate.switches
         on = gate.decide(int(batch_size))

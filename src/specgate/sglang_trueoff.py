@@ -271,8 +271,7 @@ class TrueOffGate:
 
     def init_state(self, settings: dict, pool: int, aux_dim: int, dtype, device, rank: int = 0) -> None:
         """Everything but the SGLang objects: the gate, the buffers, the host mirror, the counters."""
-        self.settings = settings
-        self.gate = Gate(GateConfig(settings.get("disable_at"), settings.get("enable_at"), settings.get("min_dwell_steps", 0)))
+        self.gate = Gate(GateConfig.from_settings(settings))
         self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, dtype, device)
         self.ones = torch.ones(pool, dtype=torch.int32, device=device)
         # host mirror of each slot's sequence length after its last step, exact after a prefill or a
