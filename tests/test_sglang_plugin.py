@@ -94,11 +94,12 @@ def _srt(sglang_dir) -> Path:
 
 @pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
 def test_true_off_hooks_registered_only_on_the_version_they_fit(sglang_dir):
-    from specgate.sglang_trueoff import RESULTS, SUPPORTED_VERSION, WORKER, contract_mismatch
+    from specgate.sglang_trueoff import RESULTS, SCHEDULER, SUPPORTED_VERSION, WORKER, contract_mismatch
 
     mismatch = contract_mismatch(_srt(sglang_dir))
     result, log = run_check(sglang_dir, {"disable_at": 4, "buffer_tokens": 16}, [], script="check_trueoff.py")
-    targets = {f"{WORKER}.init_cuda_graphs", f"{WORKER}.forward_batch_generation", f"{RESULTS}._resolve_spec_v2_tokens"}
+    targets = {f"{WORKER}.init_cuda_graphs", f"{WORKER}.forward_batch_generation", f"{RESULTS}._resolve_spec_v2_tokens",
+               f"{SCHEDULER}.get_internal_state"}  # fmt: skip
     if result["version"] == SUPPORTED_VERSION:
         assert mismatch is None
         assert {t: result["hooks"].get(t) for t in targets} == dict.fromkeys(targets, ["around"])

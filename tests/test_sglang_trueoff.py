@@ -129,3 +129,27 @@ def test_unsupported_settings_are_named():
     assert "--speculative-adaptive" in unsupported(worker)
     worker.adaptive_controller, worker.server_args.enable_mixed_chunk = None, True
     assert unsupported(worker) == "mixed chunked prefill"
+
+
+def test_server_info_carries_the_counters_and_the_client_takes_level_deltas(gate, monkeypatch):
+    import specgate.sglang_trueoff as trueoff
+    from specgate.bench_client import accept_length, gate_counters
+
+    hooks = trueoff.make_hooks({"disable_at": 4})
+    info_hook = hooks[f"{trueoff.SCHEDULER}.get_internal_state"]
+    original = lambda self, req: SimpleNamespace(internal_state={"avg_spec_accept_length": 1.1})  # noqa: E731
+    monkeypatch.setattr(trueoff, "_ACTIVE", None)
+    assert "specgate_gate" not in info_hook(original, "scheduler", "req").internal_state
+    monkeypatch.setattr(trueoff, "_ACTIVE", gate)
+
+    def server_info():
+        return {"internal_states": [info_hook(original, "scheduler", "req").internal_state]}
+
+    before = server_info()
+    gate.forward(lambda *a: SimpleNamespace(kind="original"), make_batch([1, 2], [5, 6]), None)  # on: 2 < 4
+    gate.count_accepted(SimpleNamespace(speculative_num_draft_tokens=4, num_correct_drafts=3, _specgate_resumed=False),
+                        SimpleNamespace(reqs=[1, 2]))  # fmt: skip
+    after = server_info()
+    assert gate_counters(after)["steps_on"] - gate_counters(before)["steps_on"] == 1
+    assert accept_length(before, after) == (2.5, "gate counters, speculative steps of this level")
+    assert accept_length({}, {"internal_states": [{"avg_spec_accept_length": 1.3}]}) == (1.3, "server cumulative average")

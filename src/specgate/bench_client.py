@@ -126,12 +126,27 @@ async def server_info(url: str) -> dict:
             return await r.json()
 
 
+def gate_counters(info: dict) -> dict:
+    """The gate's counters: the reference engine's `gate`, or the specgate plugin's entry in SGLang's
+    internal_states (true-off mode); {} for a server without a gate."""
+    if info.get("gate"):
+        return info["gate"]
+    states = info.get("internal_states") or [{}]
+    return states[0].get("specgate_gate") or {}
+
+
 def accept_length(before: dict, after: dict) -> tuple[float | None, str]:
     """(accept length over the level, where it came from)."""
     if "spec_verify_steps" in after and "spec_accepted_tokens" in after:
         steps = after["spec_verify_steps"] - before.get("spec_verify_steps", 0)
         toks = after["spec_accepted_tokens"] - before.get("spec_accepted_tokens", 0)
         return (toks / steps if steps else None), "server counters, this level"
+    gate_after = gate_counters(after)
+    if "accepted_tokens_on" in gate_after:  # SGLang with the true-off gate: speculative steps only
+        gate_before = gate_counters(before)
+        steps = gate_after["verify_request_steps_on"] - gate_before.get("verify_request_steps_on", 0)
+        toks = gate_after["accepted_tokens_on"] - gate_before.get("accepted_tokens_on", 0)
+        return (toks / steps if steps else None), "gate counters, speculative steps of this level"
     states = after.get("internal_states") or [{}]
     return states[0].get("avg_spec_accept_length"), "server cumulative average"
 
@@ -183,9 +198,9 @@ async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: 
         after = await server_info(url)
         row = summarize(records, duration, variant, c)
         row["accept_length"], row["accept_length_source"] = accept_length(before, after)
-        gate = after.get("gate") or {}
-        row["gate_steps_on"] = gate.get("steps_on", 0) - (before.get("gate") or {}).get("steps_on", 0) if gate else None
-        row["gate_steps_off"] = gate.get("steps_off", 0) - (before.get("gate") or {}).get("steps_off", 0) if gate else None
+        gate, gate_before = gate_counters(after), gate_counters(before)
+        row["gate_steps_on"] = gate.get("steps_on", 0) - gate_before.get("steps_on", 0) if gate else None
+        row["gate_steps_off"] = gate.get("steps_off", 0) - gate_before.get("steps_off", 0) if gate else None
         all_records += [asdict(r) for r in records]
         rows.append(row)
         if progress:

@@ -233,6 +233,9 @@ def accept_title(summary: pd.DataFrame) -> str:
     sources = set(summary.accept_length_source.dropna())
     if sources == {"server counters, this level"}:
         return "Accept length per level (server counters over the level; '-' where the gate kept speculation off)"
+    if "gate counters, speculative steps of this level" in sources:
+        return ("Accept length per level: gated variants from the specgate plugin's counters (speculative steps of the "
+                "level only; '-' where the gate kept speculation off), others the server's cumulative average")
     # SGLang exposes only its lifetime average, and counts every gate-off step as a 1-token verify
     return ("Accept length: the server's cumulative average at the end of each level (SGLang exposes no totals; "
             "on gated servers it includes gate-off steps, counted as 1)")

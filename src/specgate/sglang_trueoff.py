@@ -16,12 +16,14 @@ yields the draft state that drafting resumes from. A buffer that fills up (W tok
 flushed the same way while off. Requests admitted while off get their draft KV from the
 prefill, as always.
 
-Three hooks (a fourth with the sync-free option), no SGLang file edited:
+Four hooks (a fifth with the sync-free option), no SGLang file edited:
   AROUND EAGLEWorkerV2.init_cuda_graphs           build the decode graph, backend and buffers
   AROUND EAGLEWorkerV2.forward_batch_generation   the gate, the off step, the catch-up
   AROUND SchedulerBatchResultProcessor._resolve_spec_v2_tokens
                                                   acceptance of the speculative steps alone
                                                   (SGLang's own average also counts off steps)
+  AROUND Scheduler.get_internal_state             the gate's counters in /server_info, so a
+                                                  benchmark can take exact per-level deltas
   AROUND FutureMap.resolve_seq_lens_cpu           only with "sync_free_seq_lens": after a gate-off
                                                   step the host knows every length (one more), so
                                                   backends that want host lengths (flashinfer) skip
@@ -60,6 +62,8 @@ SUPPORTED_VERSION = "0.5.15"
 WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+INFO_KEY = "specgate_gate"  # the gate's counters in /server_info's internal_states
 LOG_EVERY = 2000  # decode steps between counter lines
 RECENT_STEPS = 32  # speculative steps after a catch-up counted as "just resumed"
 STATS_ENV = "SPECGATE_STATS_DIR"  # if set, rank 0 keeps its counters in a JSON file there
@@ -475,7 +479,7 @@ class TrueOffGate:
                 "original_steps": self.original_steps, "catchups": self.catchups, "flushes": self.flushes,
                 "caught_up_tokens": self.caught_up_tokens,
                 "accept_length_on": round(t / n, 4) if n else None, "accept_length_resumed": rate["resumed"],
-                "accept_length_steady": rate["steady"], "verify_request_steps_on": n,
+                "accept_length_steady": rate["steady"], "verify_request_steps_on": n, "accepted_tokens_on": t,
                 "sync_free_resolves": self.sync_free_resolves}  # fmt: skip
 
     def write_stats(self) -> None:
@@ -556,8 +560,15 @@ def make_hooks(settings: dict):
             return None
         return original(self, batch, *args, **kwargs)
 
+    def get_internal_state(original, self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if _ACTIVE is not None and isinstance(getattr(out, "internal_state", None), dict):
+            out.internal_state[INFO_KEY] = _ACTIVE.counters()
+        return out
+
     hooks = {f"{WORKER}.init_cuda_graphs": init_cuda_graphs, f"{WORKER}.forward_batch_generation": forward_batch_generation,
-             f"{RESULTS}._resolve_spec_v2_tokens": resolve_spec_v2_tokens}  # fmt: skip
+             f"{RESULTS}._resolve_spec_v2_tokens": resolve_spec_v2_tokens,
+             f"{SCHEDULER}.get_internal_state": get_internal_state}  # fmt: skip
     if settings.get("sync_free_seq_lens"):
         hooks[f"{FUTURE_MAP}.resolve_seq_lens_cpu"] = resolve_seq_lens_cpu
     return hooks
