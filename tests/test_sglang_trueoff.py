@@ -6,6 +6,7 @@ flushes, the host mirror of the sequence lengths, and the acceptance counters.""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +154,17 @@ def test_server_info_carries_the_counters_and_the_client_takes_level_deltas(gate
     assert gate_counters(after)["steps_on"] - gate_counters(before)["steps_on"] == 1
     assert accept_length(before, after) == (2.5, "gate counters, speculative steps of this level")
     assert accept_length({}, {"internal_states": [{"avg_spec_accept_length": 1.3}]}) == (1.3, "server cumulative average")
+
+
+def test_catch_up_lengths_come_from_the_host_mirror_when_the_batch_has_none(gate):
+    # triton keeps no host copy of seq_lens in spec v2: rows admitted while off still have exact lengths
+    gate.forward(original, make_batch([1, 2, 3, 4], [10, 20, 30, 40], extend=True), None)
+    no_host = make_batch([1, 2, 3, 4], [10, 20, 30, 40])
+    no_host.seq_lens_cpu = None
+    gate.forward(original, no_host, None)  # 4 running: off, one token each
+    nxt = make_batch([1, 2, 3, 4], [11, 21, 31, 41])
+    nxt.seq_lens_cpu, nxt.seq_lens = None, None  # a device read would fail here
+    assert gate.host_seq_lens(nxt, np.array([1, 2, 3, 4])).tolist() == [11, 21, 31, 41]
+    gate.len_ok[2] = False  # a row whose last step speculated has no exact host length
+    nxt.seq_lens = torch.tensor([11, 21, 31, 41])
+    assert gate.host_seq_lens(nxt, np.array([1, 2, 3, 4])).tolist() == [11, 21, 31, 41]  # read from the device

@@ -292,11 +292,23 @@ class TrueOffGate:
         self.stats_path = Path(stats_dir) / f"gate_stats_{os.getpid()}.json" if stats_dir and rank == 0 else None
 
     def _mirror(self, slots_cpu: np.ndarray, seq_lens_cpu, add: int) -> None:
-        if seq_lens_cpu is None:
-            self.len_ok[slots_cpu] = False
-        else:
+        if seq_lens_cpu is not None:
             self.len_cpu[slots_cpu] = np.asarray(seq_lens_cpu, dtype=np.int64) + add
             self.len_ok[slots_cpu] = True
+        elif add:  # no host copy this step (triton keeps none): a gate-off step adds exactly one token
+            self.len_cpu[slots_cpu] += add
+        else:
+            self.len_ok[slots_cpu] = False
+
+    def host_seq_lens(self, batch, slots_cpu: np.ndarray) -> np.ndarray:
+        """This step's lengths on the host for the rows behind: the batch's copy, else the mirror (exact
+        for rows admitted while off), else one device read (a host sync)."""
+        if batch.seq_lens_cpu is not None:
+            return batch.seq_lens_cpu.numpy()
+        behind = self.buffers.n_cpu[slots_cpu] > 0
+        if self.len_ok[slots_cpu][behind].all():
+            return self.len_cpu[slots_cpu]
+        return batch.seq_lens.cpu().numpy()
 
     def resolve_seq_lens(self, future_map, batch) -> bool:
         """spec v2's per-step seq_lens relay without its host sync, when the host already knows them.
@@ -413,8 +425,7 @@ class TrueOffGate:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative import eagle_worker_v2 as ew2
 
-        seq_cpu = batch.seq_lens_cpu.numpy() if batch.seq_lens_cpu is not None else batch.seq_lens.cpu().numpy()
-        plan = self.buffers.plan(slots_cpu, seq_cpu, full_only=full_only)
+        plan = self.buffers.plan(slots_cpu, self.host_seq_lens(batch, slots_cpu), full_only=full_only)
         if plan is None:
             return
         device = batch.seq_lens.device
