@@ -1,25 +1,10 @@
-"""Run in a subprocess against a real SGLang on PYTHONPATH: load plugins, drive the hooked API.
+"""Run in a subprocess against a real SGLang on PYTHONPATH: load plugins, drive the hooked API."""
 
-SGLang's import chain needs a GPU stack in places. On CPU we add small pure-Python
-dependencies (orjson, pybase64, triton, starlette, IPython, aiohttp, pillow, pyzmq) and
-stub exactly one module: `torchvision.io` (sglang.srt.utils.common imports decode_jpeg
-from it; PyPI's torchvision would pull a CUDA build of torch).
-"""
-
-import importlib.machinery
 import json
-import logging
 import sys
 import tempfile
-import types
 
-logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
-tv, tv_io = types.ModuleType("torchvision"), types.ModuleType("torchvision.io")
-tv_io.decode_jpeg = lambda *a, **k: None
-tv.io = tv_io
-tv.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
-tv_io.__spec__ = importlib.machinery.ModuleSpec("torchvision.io", None)
-sys.modules.update({"torchvision": tv, "torchvision.io": tv_io})
+import cpu_stubs  # noqa: F401  (first: lets SGLang import on CPU)
 
 import sglang  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402

@@ -1,18 +1,8 @@
 """Run in a subprocess against a real SGLang on PYTHONPATH: load plugins in true-off mode, list the hooks."""
 
-import importlib.machinery
 import json
-import logging
-import sys
-import types
 
-logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
-tv, tv_io = types.ModuleType("torchvision"), types.ModuleType("torchvision.io")
-tv_io.decode_jpeg = lambda *a, **k: None
-tv.io = tv_io
-tv.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
-tv_io.__spec__ = importlib.machinery.ModuleSpec("torchvision.io", None)
-sys.modules.update({"torchvision": tv, "torchvision.io": tv_io})
+import cpu_stubs  # noqa: F401  (first: lets SGLang import on CPU)
 
 import sglang  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
