@@ -5,7 +5,6 @@ import sys
 import tempfile
 
 import cpu_stubs  # noqa: F401  (first: lets SGLang import on CPU)
-
 import sglang  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
 

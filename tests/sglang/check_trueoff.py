@@ -3,7 +3,6 @@
 import json
 
 import cpu_stubs  # noqa: F401  (first: lets SGLang import on CPU)
-
 import sglang  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
