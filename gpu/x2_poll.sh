@@ -2,7 +2,7 @@
 # Poll gpu/x2_session.sh: wait up to WAIT seconds (or until it logs "all done"), print its progress,
 # and copy what it has so far into $OUT (so a lost machine loses little).  usage: bash gpu/x2_poll.sh WAIT
 WAIT=${1:-300}; L=/tmp/orch
-for ((i = 0; i < WAIT; i += 5)); do grep -q "all done" $L/orch.log 2>/dev/null && break; sleep 5; done
+for ((i = 0; i < WAIT; i += 5)); do grep -q "all done" $L/orch.log 2>/dev/null && break; kill -0 $(cat $L/session.pid 2>/dev/null || echo 999999) 2>/dev/null || break; sleep 5; done
 date -u; cat $L/orch.log
 for f in A B C D; do
   test -f $L/$f.log || continue

@@ -39,7 +39,8 @@ class Malformed(ValueError):
 def _wheel_file(dist_name: str, suffix: str) -> Path:
     dist = distribution(dist_name)
     for f in dist.files or []:
-        if str(f).endswith(suffix):
+        # skip the install metadata: pip writes dist-info/direct_url.json for a wheel installed from a file
+        if str(f).endswith(suffix) and ".dist-info/" not in str(f):
             return Path(dist.locate_file(f))
     raise FileNotFoundError(f"no file ending in {suffix!r} in installed package {dist_name}")
 

@@ -33,10 +33,11 @@ class KVCache:
         end = start + n
         if int(end.max()) > self.max_len:
             raise ValueError(f"KV slot overflow: {int(end.max())} > max_len {self.max_len}")
-        for row, slot in enumerate(slots.tolist()):
-            a, b = int(start[row]), int(end[row])
-            self.k[layer, slot, :, a:b] = k[row]
-            self.v[layer, slot, :, a:b] = v[row]
+        # one scatter for the whole batch: [B, n] (slot, position) pairs take k, v as [B, n, kv, d]
+        pos = start[:, None] + torch.arange(n, device=start.device)[None, :]
+        rows_idx = slots.to(self.k.device)[:, None].expand_as(pos)
+        self.k[layer, rows_idx, :, pos] = k.transpose(1, 2)
+        self.v[layer, rows_idx, :, pos] = v.transpose(1, 2)
         first, rows = int(slots[0]), len(slots)
         if rows > 1 and not bool((slots == torch.arange(first, first + rows, device=slots.device)).all()):
             # scattered slots: attend row by row over views, instead of gathering a copy of the cache

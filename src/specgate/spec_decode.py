@@ -95,10 +95,14 @@ class SpecDecoder:
                  catch_up_window: int = 256):  # fmt: skip
         self.catch_up_window = catch_up_window  # buffered positions per request before a forced extend
         self.target = target
+        self.device = target.device  # token ids go where the weights are; slots stay on the host
         self.target_cache = target.new_cache(slots, max_len)
         self.draft = DraftRunner(drafter, target.body.embed_tokens, slots, max_len) if drafter is not None else None
 
     # -- helpers ------------------------------------------------------------------
+
+    def _ids(self, rows) -> torch.Tensor:
+        return torch.tensor(rows, device=self.device)
 
     def _draft_extend(self, reqs: list[Request], aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Extend each request's draft KV over positions with target aux [B, n, 3H] and tokens [B, n]."""
@@ -131,21 +135,21 @@ class SpecDecoder:
         """Run the prompt, emit the first token, and prime the draft (now, or at the next catch-up)."""
         self.target_cache.lengths[req.slot] = 0
         slots = torch.tensor([req.slot])
-        ids = torch.tensor([req.prompt])
+        ids = self._ids([req.prompt])
         logits, aux = self.target.forward(ids, self.target_cache, slots, logits_for="last")
         first = int(pick(logits[:, -1], [req])[0])
         req.emit([first])
         if self.draft is not None:
             self.draft.cache.lengths[req.slot] = 0
             req.behind_aux, req.behind_tokens = [], []
-            shifted = torch.tensor([req.prompt[1:] + [first]])
+            shifted = self._ids([req.prompt[1:] + [first]])
             (self._draft_extend if sync_draft else self._defer_draft)([req], aux, shifted)
 
     def plain_step(self, reqs: list[Request], sync_draft: bool = True) -> None:
         """One target token per request. With sync_draft the draft KV follows by a one-token extend;
         without it (the gate is off) no draft work runs: the aux states wait for `catch_up`."""
         slots = torch.tensor([r.slot for r in reqs])
-        last = torch.tensor([[r.output[-1]] for r in reqs])
+        last = self._ids([[r.output[-1]] for r in reqs])
         logits, aux = self.target.forward(last, self.target_cache, slots)
         nxt = pick(logits[:, -1], reqs)
         for r, t in zip(reqs, nxt.tolist()):
@@ -167,14 +171,14 @@ class SpecDecoder:
         base_draft_len = self.draft.cache.lengths[slots].clone()
         state = torch.cat([r.draft_state for r in reqs])
         for _ in range(k - 1):
-            tokens = torch.tensor([[d[-1]] for d in drafts])
+            tokens = self._ids([[d[-1]] for d in drafts])
             state, draft_ids = self.draft.step(slots, state[:, None], tokens)
             for d, t in zip(drafts, self.draft.drafter.to_target_ids(draft_ids).tolist()):
                 d.append(t)
         self.draft.cache.truncate(slots, base_draft_len)  # chain KV is never kept
         # verify [x_n, d_1..d_k]
         base_len = self.target_cache.lengths[slots].clone()
-        ids = torch.tensor([[r.output[-1]] + d for r, d in zip(reqs, drafts)])
+        ids = self._ids([[r.output[-1]] + d for r, d in zip(reqs, drafts)])
         logits, aux = self.target.forward(ids, self.target_cache, slots)
         greedy = logits.argmax(-1).tolist()  # greedy[i][j] is the target's token after ids[i][: j + 1]
         accepted = []
@@ -187,12 +191,12 @@ class SpecDecoder:
             r.accepted_tokens += a + 1
             r.emit(d[:a] + [g[a]])
         # keep x_n and the accepted drafts in the target KV; extend the draft over them
-        keep = torch.tensor(accepted) + 1
+        keep = self._ids(accepted) + 1
         self.target_cache.truncate(slots, base_len + keep)
         # rows differ in length: extend one request at a time over its own accepted span
         for i, r in enumerate(reqs):
             a = accepted[i]
-            span = torch.tensor(drafts[i][:a] + [greedy[i][a]])[None, :]
+            span = self._ids([drafts[i][:a] + [greedy[i][a]]])
             self._draft_extend([r], aux[i : i + 1, : a + 1], span)
 
 
