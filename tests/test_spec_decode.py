@@ -83,9 +83,10 @@ def test_verify_accept_and_draft_extend_with_a_mostly_right_drafter(smollm2):
     real_step = decoder.draft.step
     state = {}
 
-    def oracle_step(slots, hidden, tokens):
-        last_pos = int(decoder.draft.cache.lengths[slots[0]]) + tokens.shape[1] - 1
-        out, _ = real_step(slots, hidden, tokens)  # keep the real KV and state mechanics
+    def oracle_step(slots, hidden, tokens, last=None):
+        offset = tokens.shape[1] - 1 if last is None else int(last[0])  # padded extends pick an earlier position
+        last_pos = int(decoder.draft.cache.lengths[slots[0]]) + offset
+        out, _ = real_step(slots, hidden, tokens, last)  # keep the real KV and state mechanics
         index = last_pos + 2 - state["prompt_len"]  # anchor P predicts the token at position P + 2
         ref = state["ref"]
         token = ref[index] if 0 <= index < len(ref) else 0
@@ -102,3 +103,29 @@ def test_verify_accept_and_draft_extend_with_a_mostly_right_drafter(smollm2):
         assert req.output == ref
         taus.append(req.accepted_tokens / req.verify_steps)
     assert sum(taus) / len(taus) > 2.0  # many multi-token accepts were exercised
+
+
+def test_padded_batched_draft_extend_equals_one_request_at_a_time(smollm2):
+    """spec_step extends all rows in one padded call; each row must end as if extended alone."""
+    model, _ = smollm2
+    drafter = _drafter(model, torch.arange(model.config.vocab_size))
+    runner = LlamaRunner(model, [1, 14, 26])
+    batched, alone = (SpecDecoder(runner, drafter, slots=3, max_len=64) for _ in range(2))
+    width = 3 * model.config.hidden_size
+    gen = torch.Generator().manual_seed(1)
+    reqs = {d: [Request(s, [1], 8) for s in range(3)] for d in (batched, alone)}
+    for length, slot in zip((5, 3, 7), range(3)):  # different history per slot
+        aux, tokens = torch.randn(1, length, width, generator=gen), torch.randint(0, 1000, (1, length), generator=gen)
+        for d in (batched, alone):
+            d._draft_extend([reqs[d][slot]], aux, tokens)
+    valid = [1, 4, 2]
+    aux, tokens = torch.randn(3, 4, width, generator=gen), torch.randint(0, 1000, (3, 4), generator=gen)
+    batched._draft_extend(reqs[batched], aux, tokens, valid=valid)
+    for i, v in enumerate(valid):
+        alone._draft_extend([reqs[alone][i]], aux[i : i + 1, :v], tokens[i : i + 1, :v])
+    assert batched.draft.cache.lengths.tolist() == alone.draft.cache.lengths.tolist() == [6, 7, 9]
+    for rb, ra in zip(reqs[batched], reqs[alone]):
+        assert rb.draft_next == ra.draft_next
+        torch.testing.assert_close(rb.draft_state, ra.draft_state, rtol=1e-4, atol=1e-5)
+    for slot, n in enumerate([6, 7, 9]):
+        torch.testing.assert_close(batched.draft.cache.k[:, slot, :, :n], alone.draft.cache.k[:, slot, :, :n], rtol=1e-4, atol=1e-5)

@@ -78,14 +78,15 @@ class DraftRunner:
         self.dtype = dtype
 
     @torch.inference_mode()
-    def step(self, slots: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor):
-        """Run positions lengths[slot].. for tokens [B, n]; return (last pre-norm out [B, H], last draft id [B])."""
+    def step(self, slots: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor, last: torch.Tensor | None = None):
+        """Run positions lengths[slot].. for tokens [B, n]; return (pre-norm out [B, H], draft id [B]) at each
+        row's last position, or at position `last[b]` of row b when rows are padded to a common n."""
         positions = self.cache.lengths[slots][:, None] + torch.arange(tokens.shape[1], device=tokens.device)[None, :]
         q, k, v, residual = self.drafter.begin(hidden.to(self.dtype), self.embed(tokens).to(self.dtype), positions)
         out = self.drafter.end(self.cache.attend(0, slots, q, k, v), residual)
         self.cache.advance(slots, tokens.shape[1])
-        last = out[:, -1]
-        return last, self.drafter.logits(last).argmax(-1)
+        picked = out[:, -1] if last is None else out[torch.arange(out.shape[0], device=out.device), last]
+        return picked, self.drafter.logits(picked).argmax(-1)
 
 
 class SpecDecoder:
@@ -104,13 +105,22 @@ class SpecDecoder:
     def _ids(self, rows) -> torch.Tensor:
         return torch.tensor(rows, device=self.device)
 
-    def _draft_extend(self, reqs: list[Request], aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        """Extend each request's draft KV over positions with target aux [B, n, 3H] and tokens [B, n]."""
+    def _draft_extend(self, reqs: list[Request], aux: torch.Tensor, next_tokens: torch.Tensor,
+                      valid: list[int] | None = None) -> None:  # fmt: skip
+        """Extend each request's draft KV over positions with target aux [B, n, 3H] and tokens [B, n].
+
+        valid[b] < n: row b has only its first valid[b] positions; the rest is padding, which no
+        valid position can attend to (causal) and which is cut from the draft KV afterwards."""
         slots = torch.tensor([r.slot for r in reqs])
-        state, draft_ids = self.draft.step(slots, aux, next_tokens)
-        target_ids = self.draft.drafter.to_target_ids(draft_ids)
+        if valid is None:
+            state, draft_ids = self.draft.step(slots, aux, next_tokens)
+        else:
+            base = self.draft.cache.lengths[slots].clone()
+            state, draft_ids = self.draft.step(slots, aux, next_tokens, last=self._ids([v - 1 for v in valid]))
+            self.draft.cache.truncate(slots, base + self._ids(valid))
+        target_ids = self.draft.drafter.to_target_ids(draft_ids).tolist()
         for i, r in enumerate(reqs):
-            r.draft_state, r.draft_next = state[i : i + 1], int(target_ids[i])
+            r.draft_state, r.draft_next = state[i : i + 1], target_ids[i]
 
     def _defer_draft(self, reqs: list[Request], aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Buffer positions for a later catch-up instead of extending the draft now (gate off)."""
@@ -193,11 +203,10 @@ class SpecDecoder:
         # keep x_n and the accepted drafts in the target KV; extend the draft over them
         keep = self._ids(accepted) + 1
         self.target_cache.truncate(slots, base_len + keep)
-        # rows differ in length: extend one request at a time over its own accepted span
-        for i, r in enumerate(reqs):
-            a = accepted[i]
-            span = self._ids([drafts[i][:a] + [greedy[i][a]]])
-            self._draft_extend([r], aux[i : i + 1, : a + 1], span)
+        # one batched draft extend over the accepted spans, padded to the longest (rows differ in length)
+        n = max(accepted) + 1
+        spans = [drafts[i][:a] + [greedy[i][a]] * (n - a) for i, a in enumerate(accepted)]
+        self._draft_extend(reqs, aux[:, :n], self._ids(spans), valid=[a + 1 for a in accepted])
 
 
 def generate(decoder: SpecDecoder, req: Request, num_steps: int | None) -> Request:
