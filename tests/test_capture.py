@@ -6,11 +6,14 @@ from conftest import kill_9_when
 
 from specgate.capture import (
     CaptureDataset,
+    balanced_shard_tokens,
     capture_batch,
     capture_hidden_states,
     default_layers,
     load_target,
     pad_batch,
+    plan_batches,
+    plan_shards,
     run_capture_job,
 )
 from specgate.chat import TokenizedDataset
@@ -124,3 +127,16 @@ def test_two_processes_write_their_own_shards_and_match_one(tmp_path, target, to
     for seq_id in want:
         for name in want[seq_id]:
             assert torch.equal(got[seq_id][name], want[seq_id][name]), (seq_id, name)
+
+
+def test_shards_split_evenly_over_ranks():
+    """The x2 host's case: 1.6M tokens, shards of at most 1M, two ranks."""
+    lengths = [700 + (i * 37) % 600 for i in range(1600)]
+    total = sum(lengths)
+    for world in (1, 2, 3, 8):
+        size = balanced_shard_tokens(total, 1_048_576, world)
+        assert size <= 1_048_576
+        shards = plan_shards(plan_batches(lengths, 65536), lengths, size)
+        per_rank = [sum(lengths[i] for k in range(r, len(shards), world) for b in shards[k] for i in b) for r in range(world)]
+        assert sum(per_rank) == total
+        assert max(per_rank) <= total / world + 65536, (world, per_rank)  # within one batch; before: [1.07M, 0.54M] at world 2

@@ -72,6 +72,7 @@ def test_two_cpu_ranks_train_one_model(tmp_path, tiny_target, tiny_capture):
     run_training_job(2, **_job(tiny_target, tiny_capture, two))  # two ranks over gloo; fails if they drift
     rows_one = list(csv.DictReader(open(one / "metrics.csv")))
     rows_two = list(csv.DictReader(open(two / "metrics.csv")))
-    assert 0 < len(rows_two) < len(rows_one)  # each step now takes two batches, one per rank
+    # batch_tokens is the global batch: two ranks take about as many steps as one (half a batch each)
+    assert abs(len(rows_two) - len(rows_one)) <= max(2, len(rows_one) // 10), (len(rows_one), len(rows_two))
     assert float(rows_two[-1]["loss"]) < float(rows_two[0]["loss"])
     assert load_file(two / "drafter.safetensors").keys() == load_file(one / "drafter.safetensors").keys()

@@ -31,8 +31,9 @@ class KVCache:
         n = q.shape[2]
         start = self.lengths[slots]
         end = start + n
-        if int(end.max()) > self.max_len:
-            raise ValueError(f"KV slot overflow: {int(end.max())} > max_len {self.max_len}")
+        width = int(end.max())  # the one host sync per layer: attention spans keys 0..width
+        if width > self.max_len:
+            raise ValueError(f"KV slot overflow: {width} > max_len {self.max_len}")
         # one scatter for the whole batch: [B, n] (slot, position) pairs take k, v as [B, n, kv, d]
         pos = start[:, None] + torch.arange(n, device=start.device)[None, :]
         rows_idx = slots.to(self.k.device)[:, None].expand_as(pos)
@@ -41,12 +42,12 @@ class KVCache:
         first, rows = int(slots[0]), len(slots)
         if rows > 1 and not bool((slots == torch.arange(first, first + rows, device=slots.device)).all()):
             # scattered slots: attend row by row over views, instead of gathering a copy of the cache
-            return torch.cat([self._attend_rows(layer, slots[r : r + 1], q[r : r + 1], start[r : r + 1], end[r : r + 1])
+            return torch.cat([self._attend_rows(layer, slots[r : r + 1], q[r : r + 1], start[r : r + 1], width)
                               for r in range(rows)])  # fmt: skip
-        return self._attend_rows(layer, slice(first, first + rows), q, start, end)
+        return self._attend_rows(layer, slice(first, first + rows), q, start, width)
 
-    def _attend_rows(self, layer, rows, q, start, end) -> torch.Tensor:
-        n, width = q.shape[2], int(end.max())
+    def _attend_rows(self, layer, rows, q, start, width: int) -> torch.Tensor:
+        n = q.shape[2]
         keys, values = self.k[layer, rows, :, :width], self.v[layer, rows, :, :width]
         # query i of row r sits at position start[r] + i and sees keys 0..start[r] + i
         pos_q = start[:, None] + torch.arange(n, device=q.device)[None, :]

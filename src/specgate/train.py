@@ -185,7 +185,11 @@ def train_drafter(
     set_seed(seed)
     data = CapturedSequences(capture_index)
     lengths = [data.length(i) for i in range(len(data))]
-    steps_per_epoch = len(epoch_batches(lengths, batch_tokens, seed, 0)) // accelerator.num_processes
+    # batch_tokens is the global batch: each of N ranks takes 1/N of it, so N GPUs take the same
+    # optimizer steps over the same global batches as one GPU and train the same drafter.
+    world = accelerator.num_processes
+    rank_tokens = max(1, batch_tokens // world)
+    steps_per_epoch = len(epoch_batches(lengths, rank_tokens, seed, 0)) // world
     total_steps = min(steps_per_epoch * epochs, max_steps or 10**12)
     settings = dict(ttt_length=ttt_length, epochs=epochs, batch_tokens=batch_tokens, lr=lr, warmup_ratio=warmup_ratio,
                     weight_decay=weight_decay, grad_clip=grad_clip, loss_decay=loss_decay, seed=seed,
@@ -223,7 +227,7 @@ def train_drafter(
     bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accelerator.is_main_process, mininterval=5)
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
-        batches = epoch_batches(lengths, batch_tokens, seed, epoch)
+        batches = epoch_batches(lengths, rank_tokens, seed, epoch)
         mine = batches[accelerator.process_index :: accelerator.num_processes][:steps_per_epoch]
         for ids in mine[in_epoch:]:
             if step >= total_steps:
