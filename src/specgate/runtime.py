@@ -71,7 +71,13 @@ def worker_main(fn) -> None:
     parser.add_argument("--job", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    fn(**json.loads(Path(args.job).read_text()))
+    import torch.distributed as dist
+
+    try:
+        fn(**json.loads(Path(args.job).read_text()))
+    finally:
+        if dist.is_initialized():  # NCCL warns of leaked resources otherwise
+            dist.destroy_process_group()
 
 
 def pick_device(device: str):
