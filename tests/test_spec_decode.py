@@ -128,4 +128,5 @@ def test_padded_batched_draft_extend_equals_one_request_at_a_time(smollm2):
         assert rb.draft_next == ra.draft_next
         torch.testing.assert_close(rb.draft_state, ra.draft_state, rtol=1e-4, atol=1e-5)
     for slot, n in enumerate([6, 7, 9]):
-        torch.testing.assert_close(batched.draft.cache.k[:, slot, :, :n], alone.draft.cache.k[:, slot, :, :n], rtol=1e-4, atol=1e-5)
+        kb, ka = batched.draft.cache.k[:, slot, :, :n], alone.draft.cache.k[:, slot, :, :n]
+        torch.testing.assert_close(kb, ka, rtol=1e-4, atol=1e-5)

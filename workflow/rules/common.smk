@@ -79,7 +79,11 @@ def level_params():
 def bench_inputs(wildcards):
     # acceptance.csv: the last compute-heavy stage. Waiting for it keeps every benchmark off
     # hardware that capture, training or acceptance would otherwise share with it.
-    inputs = {"target": "results/target", "eval": "results/data/eval.jsonl", "after": "results/acceptance.csv"}
+    inputs = {
+        "target": "results/target",
+        "eval": "results/data/eval.jsonl",
+        "after": "results/acceptance.csv",
+    }
     if wildcards.variant != "nospec":
         inputs["drafter"] = "results/drafter"
     return inputs
