@@ -27,7 +27,7 @@ def test_gathered_and_row_by_row_attention_agree_on_scattered_slots():
     torch.testing.assert_close(out_gathered, out_rows)
     torch.testing.assert_close(gathered.k, rows.k)
     # and both equal attention over each row's own keys (causal within the 2 new tokens)
-    for i, (slot, length) in enumerate(zip([4, 1, 3], [7, 9, 12])):
+    for i, (slot, length) in enumerate(zip([4, 1, 3], [7, 9, 12], strict=True)):
         keys, values = rows.k[0, slot, :, : length + 2], rows.v[0, slot, :, : length + 2]
         mask = torch.arange(length + 2)[None, :] <= (length + torch.arange(2))[:, None]
         sdpa = torch.nn.functional.scaled_dot_product_attention

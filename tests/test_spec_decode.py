@@ -114,7 +114,7 @@ def test_padded_batched_draft_extend_equals_one_request_at_a_time(smollm2):
     width = 3 * model.config.hidden_size
     gen = torch.Generator().manual_seed(1)
     reqs = {d: [Request(s, [1], 8) for s in range(3)] for d in (batched, alone)}
-    for length, slot in zip((5, 3, 7), range(3)):  # different history per slot
+    for length, slot in zip((5, 3, 7), range(3), strict=True):  # different history per slot
         aux, tokens = torch.randn(1, length, width, generator=gen), torch.randint(0, 1000, (1, length), generator=gen)
         for d in (batched, alone):
             d._draft_extend([reqs[d][slot]], aux, tokens)
@@ -124,7 +124,7 @@ def test_padded_batched_draft_extend_equals_one_request_at_a_time(smollm2):
     for i, v in enumerate(valid):
         alone._draft_extend([reqs[alone][i]], aux[i : i + 1, :v], tokens[i : i + 1, :v])
     assert batched.draft.cache.lengths.tolist() == alone.draft.cache.lengths.tolist() == [6, 7, 9]
-    for rb, ra in zip(reqs[batched], reqs[alone]):
+    for rb, ra in zip(reqs[batched], reqs[alone], strict=True):
         assert rb.draft_next == ra.draft_next
         torch.testing.assert_close(rb.draft_state, ra.draft_state, rtol=1e-4, atol=1e-5)
     for slot, n in enumerate([6, 7, 9]):
