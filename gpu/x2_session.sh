@@ -14,10 +14,11 @@ set -u
 L=/tmp/orch; W=/tmp/wf; W1=/tmp/wf1; mkdir -p $L
 export OUT=$L  # gpu/trueoff_8b.sh leaves its tarball in $OUT
 T0=$(date +%s)
-B_STOP=$((T0 + ${B_STOP:-330})); C_STOP=$((T0 + ${C_STOP:-450})); D_STOP=$((T0 + ${D_STOP:-0}))
+B_STOP=$((T0 + ${B_STOP:-500})); C_STOP=$((T0 + ${C_STOP:-700})); D_STOP=$((T0 + ${D_STOP:-0}))
 echo $$ >$L/session.pid
 log() { echo "[$(date -u +%T) +$(($(date +%s) - T0))s] $*" | tee -a $L/orch.log; }
 CFG=config/examples/h200x2-smollm2.yaml
+# targets go first: snakemake 9's --configfile and --resources each take several values
 SMK="python3 -m snakemake --cores all --rerun-incomplete --printshellcmds"
 
 rm -rf $W $W1; mkdir -p $W
@@ -62,7 +63,7 @@ c["serve"]["env"].update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST=
 c["bench"].update(thresholds=[4, 16], steps0_thresholds=[], concurrency=[1, 4, 16, 64])
 yaml.safe_dump(c, open("/tmp/orch/x1_tp2.yaml", "w"), sort_keys=False)
 PY
-  CUDA_VISIBLE_DEVICES=1 $SMK --configfile $L/x1.yaml --resources gpu=1 results/acceptance.csv >$L/C.log 2>&1
+  CUDA_VISIBLE_DEVICES=1 $SMK results/acceptance.csv --configfile $L/x1.yaml --resources gpu=1 >$L/C.log 2>&1
   log "C: done rc=$?"
   cd $W
 else
@@ -73,7 +74,7 @@ wait $A; log "A: done rc=$(cat $L/A.rc)"
 if [ "$(date +%s)" -lt "$D_STOP" ] && [ -e $W1/results/acceptance.csv ]; then
   log "D: TP=2 sweep in $W1"
   cd $W1
-  $SMK --configfile $L/x1_tp2.yaml --resources gpu=2 results/report.md >$L/D.log 2>&1
+  $SMK results/report.md --configfile $L/x1_tp2.yaml --resources gpu=2 >$L/D.log 2>&1
   log "D: done rc=$?"
   cd $W
 else
