@@ -56,8 +56,8 @@ def run_data_parallel(module: str, fn, job: dict, num_processes: int | str, work
         launcher = ["torch.distributed.run", "--nproc_per_node", str(num_processes)]
     cmd = [sys.executable, "-m", *launcher, "-m", module, "--job", str(job_file)]
     # Each rank gets its share of the cores for host-side work (collate, shard writes). Left
-    # alone, the ranks of one host oversubscribe it: on the x2 host, 2-rank training ran at
-    # 1,355% CPU load against 150% for one process, at a third of its step rate.
+    # alone, the ranks of one host can oversubscribe it: on the x2 host, 2-rank training ran at
+    # 1,355% CPU load against 150% for one process, each rank stepping at a third of its rate.
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
     print("launching:", " ".join(cmd), f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", flush=True)

@@ -228,7 +228,7 @@ def train_drafter(
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         batches = epoch_batches(lengths, rank_tokens, seed, epoch)
-        mine = batches[accelerator.process_index :: accelerator.num_processes][:steps_per_epoch]
+        mine = batches[accelerator.process_index :: world][:steps_per_epoch]
         for ids in mine[in_epoch:]:
             if step >= total_steps:
                 break
