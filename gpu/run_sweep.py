@@ -79,8 +79,7 @@ def load(args):
         kind, _, t = n.partition("_")
         key = {"gate": "thresholds", "steps0": "steps0_thresholds"}.get(kind)
         if key and t.isdigit() and int(t) not in bench[key]:
-            overrides.setdefault(key, sorted(set(bench[key]) | {int(t)}))
-            overrides[key] = sorted(set(overrides[key]) | {int(t)})
+            overrides[key] = sorted(set(overrides.get(key, bench[key])) | {int(t)})
     changed = {k: (bench[k], v) for k, v in overrides.items() if bench[k] != v}
     bench.update(overrides)
     return config, changed

@@ -8,7 +8,6 @@ set -u -o pipefail
 export PYTHONUNBUFFERED=1
 C=.gpu/c3
 date -u; test -d /tmp/site/sglang && echo "wheels present" || echo "WARNING: /tmp/site/sglang missing (fresh machine?)"
-cp $C/gguf.part.c /tmp/gguf_parts/
 mkdir -p /tmp/sweep/in /tmp/sweep/logs
 cp -r $C/drafter /tmp/sweep/in/drafter; cp $C/data/eval.jsonl $C/data/acceptance.csv /tmp/sweep/in/
 sha256sum /tmp/sweep/in/drafter/model.safetensors

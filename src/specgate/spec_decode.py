@@ -57,6 +57,11 @@ class Request:
         return out
 
 
+def _slots(reqs: list[Request]) -> torch.Tensor:
+    """The requests' KV slots, on the host: the caches index with them, and no step waits on them."""
+    return torch.tensor([r.slot for r in reqs])
+
+
 def pick(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
     """Next token per row: greedy, or sampled at the request's temperature."""
     out = logits.argmax(-1)
@@ -111,7 +116,7 @@ class SpecDecoder:
 
         valid[b] < n: row b has only its first valid[b] positions; the rest is padding, which no
         valid position can attend to (causal) and which is cut from the draft KV afterwards."""
-        slots = torch.tensor([r.slot for r in reqs])
+        slots = _slots(reqs)
         if valid is None:
             state, draft_ids = self.draft.step(slots, aux, next_tokens)
         else:
@@ -144,7 +149,7 @@ class SpecDecoder:
     def prefill(self, req: Request, sync_draft: bool = True) -> None:
         """Run the prompt, emit the first token, and prime the draft (now, or at the next catch-up)."""
         self.target_cache.lengths[req.slot] = 0
-        slots = torch.tensor([req.slot])
+        slots = _slots([req])
         ids = self._ids([req.prompt])
         logits, aux = self.target.forward(ids, self.target_cache, slots, logits_for="last")
         first = int(pick(logits[:, -1], [req])[0])
@@ -158,7 +163,7 @@ class SpecDecoder:
     def plain_step(self, reqs: list[Request], sync_draft: bool = True) -> None:
         """One target token per request. With sync_draft the draft KV follows by a one-token extend;
         without it (the gate is off) no draft work runs: the aux states wait for `catch_up`."""
-        slots = torch.tensor([r.slot for r in reqs])
+        slots = _slots(reqs)
         last = self._ids([[r.output[-1]] for r in reqs])
         logits, aux = self.target.forward(last, self.target_cache, slots)
         nxt = pick(logits[:, -1], reqs)
@@ -175,7 +180,7 @@ class SpecDecoder:
         """Draft num_steps tokens per request, verify them in one target pass, accept a prefix."""
         k = num_steps
         self.catch_up(reqs)  # requests the gate left behind: one extend each over their buffered positions
-        slots = torch.tensor([r.slot for r in reqs])
+        slots = _slots(reqs)
         # draft chain: d_1 is known; d_2..d_k from k-1 steps at positions P+1..P+k-1
         drafts = [[r.draft_next] for r in reqs]
         base_draft_len = self.draft.cache.lengths[slots].clone()
