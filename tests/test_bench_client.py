@@ -44,6 +44,19 @@ def test_levels_record_every_request_and_summarise_like_bench_serving(server):  
     assert rows[1]["gate_steps_off"] > rows[1]["gate_steps_on"]
 
 
+def test_a_prime_burst_switches_the_gate_off_and_on_before_the_levels(server):  # noqa: F811
+    from specgate.bench_client import server_info
+
+    before = asyncio.run(server_info(server.url))["gate"]
+    records, rows = asyncio.run(sweep_levels(
+        server.url, "m", bench_prompts(EVAL, 10, 0), [1], variant="gate_4", num_requests=lambda c: 2,
+        warmup_requests=0, max_tokens=12, ignore_eos=True, max_error_rate=0.0, prime=5))  # fmt: skip
+    after = asyncio.run(server_info(server.url))["gate"]
+    assert after["steps_off"] > before["steps_off"]  # the burst ran with the gate off
+    # and is not measured: the level has its 2 requests and speculates throughout
+    assert len(records) == 2 and rows[0]["gate_steps_off"] == 0 and rows[0]["gate_steps_on"] > 0
+
+
 def test_a_level_over_the_error_bound_fails_with_the_reason(server):  # noqa: F811
     with pytest.raises(LevelFailed, match=r"gate_4 at concurrency 2: 4 of 4 requests failed .*HTTP 400"):
         asyncio.run(sweep_levels(server.url, "m", bench_prompts(EVAL, 4, 0), [2], variant="gate_4",

@@ -60,3 +60,18 @@ def test_reference_command_mirrors_the_settings():
     assert _flag(cmd, "--disable-at") == "4" and _flag(cmd, "--enable-at") == "2" and _flag(cmd, "--max-running") == "16"
     nospec, _ = reference_command(s, Variant("nospec", False), 1)
     assert "--draft" not in nospec
+
+
+def test_a_tp_that_cannot_split_the_heads_fails_before_launch(tmp_path):
+    from specgate.launcher import check_tensor_parallel
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for d, heads in ((target, 9), (draft, 8)):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"num_attention_heads": heads}))
+    check_tensor_parallel(1, target, draft)
+    check_tensor_parallel(3, target, None)
+    with pytest.raises(ValueError, match=r"serve.tp = 2: .*target/config.json has num_attention_heads = 9"):
+        check_tensor_parallel(2, target, draft)
+    with pytest.raises(ValueError, match=r"serve.tp = 3: .*draft/config.json has num_attention_heads = 8"):
+        check_tensor_parallel(3, target, draft)

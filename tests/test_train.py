@@ -16,6 +16,20 @@ def _job(tiny_target, tiny_capture, out):
                 out_weights=str(out / "drafter.safetensors"), out_metrics=str(out / "metrics.csv"), **SETTINGS)  # fmt: skip
 
 
+def _schedule(total: int) -> list[float]:
+    """The learning rate logged after each of `total` steps: warmup 5% (the default), then cosine."""
+    from specgate.train import cosine_with_warmup
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=SETTINGS["lr"])
+    sched = cosine_with_warmup(opt, int(0.05 * total), total)
+    out = []
+    for _ in range(total):
+        opt.step()
+        sched.step()
+        out.append(sched.get_last_lr()[0])
+    return out
+
+
 def test_training_learns_and_logs_metrics(tmp_path, tiny_target, tiny_capture):
     train_drafter(**_job(tiny_target, tiny_capture, tmp_path))
     with open(tmp_path / "metrics.csv") as f:
@@ -75,4 +89,7 @@ def test_two_cpu_ranks_train_one_model(tmp_path, tiny_target, tiny_capture):
     # batch_tokens is the global batch: two ranks take about as many steps as one (half a batch each)
     assert abs(len(rows_two) - len(rows_one)) <= max(2, len(rows_one) // 10), (len(rows_one), len(rows_two))
     assert float(rows_two[-1]["loss"]) < float(rows_two[0]["loss"])
+    # one schedule step per optimizer step on every rank (Accelerate's prepared scheduler took one per rank)
+    assert [float(r["lr"]) for r in rows_two] == pytest.approx(_schedule(len(rows_two)), rel=1e-6, abs=1e-12)
+    assert [float(r["lr"]) for r in rows_one] == pytest.approx(_schedule(len(rows_one)), rel=1e-6, abs=1e-12)
     assert load_file(two / "drafter.safetensors").keys() == load_file(one / "drafter.safetensors").keys()

@@ -181,13 +181,19 @@ def summarize(records: list[RequestRecord], duration_s: float, variant: str, con
 
 async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: list[int], *, variant: str,
                        num_requests, warmup_requests: int, max_tokens: int, ignore_eos: bool,
-                       max_error_rate: float, timeout_s: float = 600, progress=None):  # fmt: skip
+                       max_error_rate: float, timeout_s: float = 600, progress=None, prime: int = 0):  # fmt: skip
     """All concurrency levels in order against one server: (per-request records, summary rows).
 
     `num_requests(c)` gives the request count of level c. A level whose error rate exceeds
-    `max_error_rate` raises LevelFailed after its records are kept.
+    `max_error_rate` raises LevelFailed after its records are kept. `prime` > 0: one unmeasured burst
+    of that many concurrent requests first. A gated server given a burst above its threshold turns
+    off and back on before any level. One-time costs of that path then stay out of the levels: on
+    an H200 the first off step of an SGLang true-off server stalled for 10.4 s.
     """
     all_records, rows = [], []
+    if prime:
+        await closed_loop(url, model, prompts, prime, prime, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                          variant=variant, timeout_s=timeout_s)  # fmt: skip
     for c in levels:
         if warmup_requests:
             await closed_loop(url, model, prompts, min(c, warmup_requests), warmup_requests, max_tokens=max_tokens,

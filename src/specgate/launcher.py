@@ -64,6 +64,19 @@ class ServeSettings:
     gate_sync_free_seq_lens: bool = False  # true-off gate in SGLang: skip spec v2's seq_lens sync after off steps
 
 
+def check_tensor_parallel(tp: int, *model_dirs: str | Path | None) -> None:
+    """Fail before launching when `serve.tp` cannot split a model's attention heads: SGLang would
+    assert on every rank about a minute into start-up (SmolLM2-135M has 9 heads: no tp 2)."""
+    for d in model_dirs:
+        if d is None or tp == 1:
+            continue
+        path = Path(d) / "config.json"
+        heads = json.loads(path.read_text()).get("num_attention_heads")
+        if heads is not None and heads % tp:
+            raise ValueError(f"serve.tp = {tp}: {path} has num_attention_heads = {heads}, which {tp} GPUs cannot "
+                             f"split evenly; pick a tp that divides {heads}")  # fmt: skip
+
+
 def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path) -> tuple[list[str], dict]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", s.target, "--host", "127.0.0.1",
            "--port", str(port), "--max-running-requests", str(s.max_running), "--tp-size", str(s.tp)]  # fmt: skip

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from specgate.bench_client import bench_prompts, sweep_levels
 from specgate.files import atomic_path, read_jsonl, write_jsonl
-from specgate.launcher import ServeSettings, Variant, reference_command, sglang_command, variants
+from specgate.launcher import ServeSettings, Variant, check_tensor_parallel, reference_command, sglang_command, variants
 from specgate.lifecycle import ManagedServer, free_port
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
     settings = serve_settings(serve, target, drafter if variant.speculative else None, device)
     port = free_port()
     if engine == "sglang":
+        check_tensor_parallel(settings.tp, target, settings.draft)
         cmd, env = sglang_command(settings, variant, port, work_dir)
     else:
         cmd, env = reference_command(settings, variant, port)
@@ -80,10 +81,13 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
         if on_ready is not None:
             on_ready(server.url, model, prompts)
         info = _get_json(f"{server.url}/server_info")
+        # a gated server crosses its threshold once before measuring (see sweep_levels)
+        prime = min(variant.disable_at + 1, serve["max_running"]) if variant.gated and bench["warmup_requests"] else 0
         records, rows = asyncio.run(sweep_levels(
             server.url, model, prompts, bench["concurrency"], variant=name, num_requests=requests_for(bench),
             warmup_requests=bench["warmup_requests"], max_tokens=bench["max_tokens"], ignore_eos=bench["ignore_eos"],
-            max_error_rate=bench["max_error_rate"], timeout_s=bench["request_timeout"], progress=progress))  # fmt: skip
+            max_error_rate=bench["max_error_rate"], timeout_s=bench["request_timeout"], progress=progress,
+            prime=prime))  # fmt: skip
     bar.close()
     summary = pd.DataFrame(rows)
     summary.insert(1, "engine", engine)

@@ -212,7 +212,10 @@ def train_drafter(
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     scheduler = cosine_with_warmup(optimizer, int(warmup_ratio * total_steps), total_steps)
-    drafter, optimizer, scheduler = accelerator.prepare(drafter, optimizer, scheduler)
+    drafter, optimizer = accelerator.prepare(drafter, optimizer)
+    # Not through prepare(): Accelerate's wrapper steps a scheduler once per rank on every call, so
+    # N ranks would run the schedule N times faster (seen on 2 H200s: the lr reached 0 halfway).
+    accelerator.register_for_checkpointing(scheduler)
     raw = accelerator.unwrap_model(drafter)
 
     step = 0
