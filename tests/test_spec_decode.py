@@ -68,7 +68,11 @@ def test_speculative_greedy_equals_plain_greedy(smollm2):
     for k in (1, 3):
         reqs = [Request(i % 4, prompt_ids(tokenizer, [{"role": "user", "content": p}]), 40, eos) for i, p in enumerate(PROMPTS)]
         for start in range(0, len(reqs), 4):
-            generate_batch(decoder, reqs[start : start + 4], k)
+            timing = {}
+            generate_batch(decoder, reqs[start : start + 4], k, timing)
+            # every batched step verifies each live request once: as many steps as the longest request
+            assert timing["steps"] == max(r.verify_steps for r in reqs[start : start + 4]) > 0
+            assert timing["prefill_s"] > 0 and timing["decode_s"] > 0
         assert [r.output for r in reqs] == plain
 
 

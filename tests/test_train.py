@@ -93,3 +93,13 @@ def test_two_cpu_ranks_train_one_model(tmp_path, tiny_target, tiny_capture):
     assert [float(r["lr"]) for r in rows_two] == pytest.approx(_schedule(len(rows_two)), rel=1e-6, abs=1e-12)
     assert [float(r["lr"]) for r in rows_one] == pytest.approx(_schedule(len(rows_one)), rel=1e-6, abs=1e-12)
     assert load_file(two / "drafter.safetensors").keys() == load_file(one / "drafter.safetensors").keys()
+
+
+def test_ranks_share_the_jobs_threads():
+    import os
+
+    from specgate.runtime import rank_threads
+
+    assert rank_threads(2, {"OMP_NUM_THREADS": "32"}) == 16  # Snakemake's `threads`, split (it was 32 per rank)
+    assert rank_threads(8, {"OMP_NUM_THREADS": "4"}) == 1
+    assert rank_threads(2, {}) == max(1, (os.cpu_count() or 1) // 2)

@@ -59,16 +59,19 @@ def measure_acceptance(target_dir: str, draft_dir: str, eval_jsonl: str, metrics
     rows = []
     for source, prompts in by_source.items():
         for k in num_steps:
-            t0, steps, produced = time.perf_counter(), 0, 0
+            t0, steps, produced, timing = time.perf_counter(), 0, 0, {}
             for start in range(0, len(prompts), batch_size):
                 reqs = [Request(slot, p, max_new_tokens, eos) for slot, p in enumerate(prompts[start : start + batch_size])]
-                generate_batch(decoder, reqs, k)
+                generate_batch(decoder, reqs, k, timing)
                 steps += sum(r.verify_steps for r in reqs)
                 produced += sum(r.accepted_tokens for r in reqs)
             row = {"source": source, "num_steps": k, "prompts": len(prompts), "verify_steps": steps,
                    "tau": round(produced / max(steps, 1), 4), "tau_hat_train": predicted_tau(metrics_csv, k),
                    "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
             log.info("acceptance %s", row)
+            per_step_ms = 1e3 * timing["decode_s"] / max(timing["steps"], 1)
+            log.info("acceptance %s k=%d: prefill %.1f s, %d batched steps in %.1f s (%.1f ms per step)", source, k,
+                     timing["prefill_s"], timing["steps"], timing["decode_s"], per_step_ms)  # fmt: skip
             print(row, flush=True)
             rows.append(row)
     with atomic_path(out_csv) as tmp, open(tmp, "w", newline="") as f:

@@ -33,6 +33,16 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def rank_threads(num_processes: int, env) -> int:
+    """Each rank's share of the job's threads for host-side work (collate, shard writes).
+
+    The job's threads are OMP_NUM_THREADS where set (Snakemake sets it to the rule's `threads`),
+    else every core. Left whole to each rank, the ranks of one host oversubscribe it: on the x2
+    host, 2-rank training ran at 1,355% CPU load against 150% for one process."""
+    threads = int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    return max(1, threads // num_processes)
+
+
 def run_data_parallel(module: str, fn, job: dict, num_processes: int | str, work_dir: Path) -> None:
     """Run fn(**job) here, or as `python -m module --job FILE` on several processes.
 
@@ -55,11 +65,7 @@ def run_data_parallel(module: str, fn, job: dict, num_processes: int | str, work
     else:
         launcher = ["torch.distributed.run", "--nproc_per_node", str(num_processes)]
     cmd = [sys.executable, "-m", *launcher, "-m", module, "--job", str(job_file)]
-    # Each rank gets its share of the cores for host-side work (collate, shard writes). Left
-    # alone, the ranks of one host can oversubscribe it: on the x2 host, 2-rank training ran at
-    # 1,355% CPU load against 150% for one process, each rank stepping at a third of its rate.
-    env = {**os.environ}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
+    env = {**os.environ, "OMP_NUM_THREADS": str(rank_threads(num_processes, os.environ))}
     print("launching:", " ".join(cmd), f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", flush=True)
     subprocess.run(cmd, check=True, env=env)
     job_file.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ same whichever steps are taken. This is the step logic the serving engine reuses
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -225,15 +226,25 @@ def generate(decoder: SpecDecoder, req: Request, num_steps: int | None) -> Reque
     return req
 
 
-def generate_batch(decoder: SpecDecoder, reqs: list[Request], num_steps: int | None) -> list[Request]:
-    """Decode several requests together (one slot each) until all are done."""
+def generate_batch(decoder: SpecDecoder, reqs: list[Request], num_steps: int | None,
+                   timing: dict | None = None) -> list[Request]:  # fmt: skip
+    """Decode several requests together (one slot each) until all are done.
+
+    `timing`, if given, accumulates prefill_s, decode_s and batched steps (wall time: every step
+    ends in a host read of its tokens, so the clock sees the device's work)."""
+    t0 = time.perf_counter()
     for r in reqs:
         decoder.prefill(r)
+    t1, steps = time.perf_counter(), 0
     while live := [r for r in reqs if not r.done]:
         if num_steps:
             decoder.spec_step(live, num_steps)
         else:
             decoder.plain_step(live)
+        steps += 1
+    if timing is not None:
+        for key, value in (("prefill_s", t1 - t0), ("decode_s", time.perf_counter() - t1), ("steps", steps)):
+            timing[key] = timing.get(key, 0) + value
     return reqs
 
 
