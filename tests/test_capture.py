@@ -119,7 +119,12 @@ def test_fails_clearly_when_disk_is_short(tmp_path, target, tokens, monkeypatch)
 def test_two_processes_write_their_own_shards_and_match_one(tmp_path, target, tokens):
     one, two = tmp_path / "one", tmp_path / "two"
     capture_hidden_states(**_job(target, tokens, one))
-    run_capture_job(2, **_job(target, tokens, two))  # two CPU ranks over gloo
+    from specgate.files import stage_log
+
+    with stage_log(tmp_path / "capture.log"):  # as the rule runs it
+        run_capture_job(2, **_job(target, tokens, two))  # two CPU ranks over gloo
+    log_text = (tmp_path / "capture.log").read_text()
+    assert "rank 0: captured" in log_text and "rank 1: captured" in log_text  # the ranks' lines reach the rule's log
     index = json.loads((two / "index.json").read_text())
     assert index["world_size"] == 2 and len(index["shards"]) >= 4
     got, want = _all_tensors(two / "index.json"), _all_tensors(one / "index.json")

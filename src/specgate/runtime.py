@@ -33,6 +33,15 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def _fd_or_none(stream):
+    """The stream if it has a file descriptor a child can inherit, else None (the parent's fds)."""
+    try:
+        stream.fileno()
+        return stream
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def rank_threads(num_processes: int, env) -> int:
     """Each rank's share of the job's threads for host-side work (collate, shard writes).
 
@@ -67,7 +76,8 @@ def run_data_parallel(module: str, fn, job: dict, num_processes: int | str, work
     cmd = [sys.executable, "-m", *launcher, "-m", module, "--job", str(job_file)]
     env = {**os.environ, "OMP_NUM_THREADS": str(rank_threads(num_processes, os.environ))}
     print("launching:", " ".join(cmd), f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", flush=True)
-    subprocess.run(cmd, check=True, env=env)
+    # the ranks write to this stage's log (stage_log redirects sys.stdout/err, not the process's fds)
+    subprocess.run(cmd, check=True, env=env, stdout=_fd_or_none(sys.stdout), stderr=_fd_or_none(sys.stderr))
     job_file.unlink(missing_ok=True)
 
 
