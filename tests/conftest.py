@@ -5,6 +5,15 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def with_local_target_dir(cfg: dict, tmp_path: Path) -> dict:
+    """An example config whose target is a directory on the GPU host (h200x2-tp2: made there by
+    gpu/make_even_target.py) points at an empty temp dir instead, so that it validates here."""
+    if cfg["target"]["source"] == "hf_dir":
+        (tmp_path / "hf_target").mkdir(exist_ok=True)
+        cfg["target"]["path"] = str(tmp_path / "hf_target")
+    return cfg
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -17,6 +17,7 @@ from specgate.capture import (
     run_capture_job,
 )
 from specgate.chat import TokenizedDataset
+from specgate.files import stage_log
 
 
 @pytest.fixture
@@ -119,8 +120,6 @@ def test_fails_clearly_when_disk_is_short(tmp_path, target, tokens, monkeypatch)
 def test_two_processes_write_their_own_shards_and_match_one(tmp_path, target, tokens):
     one, two = tmp_path / "one", tmp_path / "two"
     capture_hidden_states(**_job(target, tokens, one))
-    from specgate.files import stage_log
-
     with stage_log(tmp_path / "capture.log"):  # as the rule runs it
         run_capture_job(2, **_job(target, tokens, two))  # two CPU ranks over gloo
     log_text = (tmp_path / "capture.log").read_text()

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, with_local_target_dir
 
 from specgate.config import ConfigError, load_config, validate_config
 
@@ -24,10 +24,7 @@ def test_default_config_is_valid_and_complete(default):
 
 def test_every_example_config_is_valid(tmp_path):
     for path in sorted((REPO / "config/examples").glob("*.yaml")):
-        cfg = yaml.safe_load(path.read_text())
-        if cfg["target"]["source"] == "hf_dir":  # a path on the GPU host (h200x2-tp2: made by gpu/make_even_target.py)
-            (tmp_path / "hf_target").mkdir(exist_ok=True)
-            cfg["target"]["path"] = str(tmp_path / "hf_target")
+        cfg = with_local_target_dir(yaml.safe_load(path.read_text()), tmp_path)
         (tmp_path / path.name).write_text(yaml.safe_dump(cfg))
         load_config(tmp_path / path.name, SCHEMA)
 

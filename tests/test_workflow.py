@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, write_conversations
+from conftest import REPO, with_local_target_dir, write_conversations
 
 pytestmark = pytest.mark.slow
 
@@ -193,10 +193,7 @@ def test_snakemake_report_packs_the_plots(workdir):
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "config/examples").glob("*.yaml")))
 def test_every_example_config_plans_the_whole_chain(tmp_path, example):
-    cfg = yaml.safe_load((REPO / "config/examples" / example).read_text())
-    if cfg["target"]["source"] == "hf_dir":  # a path on the GPU host (h200x2-tp2: made by gpu/make_even_target.py)
-        (tmp_path / "hf_target").mkdir()
-        cfg["target"]["path"] = str(tmp_path / "hf_target")
+    cfg = with_local_target_dir(yaml.safe_load((REPO / "config/examples" / example).read_text()), tmp_path)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     counts = planned_counts(snakemake(tmp_path, "-n"))
     bench = cfg["bench"]

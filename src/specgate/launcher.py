@@ -67,8 +67,10 @@ class ServeSettings:
 def check_tensor_parallel(tp: int, *model_dirs: str | Path | None) -> None:
     """Fail before launching when `serve.tp` cannot split a model's attention heads: SGLang would
     assert on every rank about a minute into start-up (SmolLM2-135M has 9 heads: no tp 2)."""
+    if tp == 1:
+        return
     for d in model_dirs:
-        if d is None or tp == 1:
+        if d is None:
             continue
         path = Path(d) / "config.json"
         heads = json.loads(path.read_text()).get("num_attention_heads")

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.llama.modeling_llama import rotate_half
 
-
 # Not cuDNN: its SDPA builds a graph on the host for each new key width, which changes every decode
 # step. On an H200 that was 2.4 ms of CPU per call against 0.05 ms on the GPU: acceptance ran at
 # 140 ms per step at batch 64, with 7 ms of GPU work; 34 ms without it (gpu/profile_acceptance.py).
@@ -71,8 +70,9 @@ class KVCache:
         groups = q.shape[1] // keys.shape[1]
         if groups > 1 and self.expand_kv_heads:
             keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        gqa = keys.shape[1] != q.shape[1]
         with sdpa_kernel(SDPA_BACKENDS):
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=keys.shape[1] != q.shape[1])
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=gqa)
 
     def advance(self, slots: torch.Tensor, n: int | torch.Tensor) -> None:
         self.lengths[slots] += n
