@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED=1
 C=.gpu/c1
 date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
 mkdir -p /tmp/gguf_parts /tmp/site
-cp $C/gguf.part.a /tmp/gguf_parts/
+test -f $C/gguf.part.a && cp $C/gguf.part.a /tmp/gguf_parts/
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $C/wheels/*.whl \
-    $C/specgate-0.1.0-py3-none-any.whl 2>&1 | grep -v "already exists" | tail -5
+    $(ls $C/specgate-*.whl 2>/dev/null) 2>&1 | grep -v "already exists" | tail -5
 echo "pip part1 rc=${PIPESTATUS[0]}"; ls /tmp/site | wc -l; du -sh /tmp/site /tmp/gguf_parts; date -u

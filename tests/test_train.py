@@ -98,8 +98,14 @@ def test_two_cpu_ranks_train_one_model(tmp_path, tiny_target, tiny_capture):
 def test_ranks_share_the_jobs_threads():
     import os
 
-    from specgate.runtime import rank_threads
+    from specgate.runtime import GPU_HOST_THREADS, THREAD_VARS, rank_env, rank_threads
 
     assert rank_threads(2, {"OMP_NUM_THREADS": "32"}) == 16  # Snakemake's `threads`, split (it was 32 per rank)
     assert rank_threads(8, {"OMP_NUM_THREADS": "4"}) == 1
     assert rank_threads(2, {}) == max(1, (os.cpu_count() or 1) // 2)
+    assert rank_threads(2, {"OMP_NUM_THREADS": "32"}, on_gpu=True) == GPU_HOST_THREADS
+    assert rank_threads(8, {"OMP_NUM_THREADS": "8"}, on_gpu=True) == 1
+    # every variable Snakemake sets for a job's threads, not only OMP's (MKL's stayed at 32 per rank)
+    snakemake_job = {name: "32" for name in THREAD_VARS} | {"PATH": "/bin"}
+    env = rank_env(2, snakemake_job, on_gpu=False)
+    assert {env[name] for name in THREAD_VARS} == {"16"} and env["PATH"] == "/bin"

@@ -42,14 +42,38 @@ def _fd_or_none(stream):
         return None
 
 
-def rank_threads(num_processes: int, env) -> int:
+# Snakemake sets every one of these to a job's `threads` (snakemake/shell.py), and ranks inherit them.
+THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+# A GPU process's host work (collate, copies to the GPU) gains nothing past a few threads, and idle
+# ones spin. On the x2 host's 32 cores, synthetic SmolLM2-shaped training ran fastest at 4 threads
+# per rank, for 1 and 2 ranks (gpu/bench_train_ranks.py, docs/results/h200x2/run3/).
+GPU_HOST_THREADS = 4
+
+
+def rank_threads(num_processes: int, env, on_gpu: bool = False) -> int:
     """Each rank's share of the job's threads for host-side work (collate, shard writes).
 
     The job's threads are OMP_NUM_THREADS where set (Snakemake sets it to the rule's `threads`),
     else every core. Left whole to each rank, the ranks of one host oversubscribe it: on the x2
     host, 2-rank training ran at 1,355% CPU load against 150% for one process."""
     threads = int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
-    return max(1, threads // num_processes)
+    share = max(1, threads // num_processes)
+    return min(share, GPU_HOST_THREADS) if on_gpu else share
+
+
+def rank_env(num_processes: int, env, on_gpu: bool) -> dict:
+    """The environment for each rank: every thread variable set to the rank's share, not only OMP's
+    (Snakemake's MKL_NUM_THREADS and the rest would otherwise give each rank all of the job's)."""
+    threads = str(rank_threads(num_processes, env, on_gpu))
+    return {**env, **{name: threads for name in THREAD_VARS}}
+
+
+def limit_gpu_host_threads() -> None:
+    """In a single GPU process: no more host threads than GPU_HOST_THREADS (see there)."""
+    import torch
+
+    torch.set_num_threads(min(torch.get_num_threads(), GPU_HOST_THREADS))
 
 
 def run_data_parallel(module: str, fn, job: dict, num_processes: int | str, work_dir: Path) -> None:
@@ -74,7 +98,7 @@ def run_data_parallel(module: str, fn, job: dict, num_processes: int | str, work
     else:
         launcher = ["torch.distributed.run", "--nproc_per_node", str(num_processes)]
     cmd = [sys.executable, "-m", *launcher, "-m", module, "--job", str(job_file)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(rank_threads(num_processes, os.environ))}
+    env = rank_env(num_processes, dict(os.environ), on_gpu)
     print("launching:", " ".join(cmd), f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", flush=True)
     # the ranks write to this stage's log (stage_log redirects sys.stdout/err, not the process's fds)
     subprocess.run(cmd, check=True, env=env, stdout=_fd_or_none(sys.stdout), stderr=_fd_or_none(sys.stderr))

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from specgate.capture import plan_batches
 from specgate.drafter import Eagle3Drafter, drafter_config, ttt_attention
 from specgate.files import TMP_MARK, ShardDir, atomic_path, sha256_file, stable_hash
-from specgate.runtime import keep_freed_memory, run_data_parallel, worker_main
+from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, run_data_parallel, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,8 @@ def train_drafter(
 
     keep_freed_memory()
     accelerator = Accelerator(cpu=device == "cpu")
+    if accelerator.device.type == "cuda":
+        limit_gpu_host_threads()
     if precision == "auto":  # the spec's default: bf16 autocast on GPU, fp32 on CPU
         precision = "bf16" if accelerator.device.type == "cuda" else "fp32"
     autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
