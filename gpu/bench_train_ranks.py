@@ -71,7 +71,8 @@ def make_inputs(work: Path, total_tokens: int) -> dict:
     return dict(capture_index=str(index), vocab_path=str(vocab), target_dir=str(target))
 
 
-# what Snakemake sets for a job of `threads` (snakemake/shell.py), which the workflow's ranks inherit
+# what Snakemake sets for a job of `threads` (snakemake/shell.py), which the workflow's ranks inherit;
+# a copy of specgate.runtime.THREAD_VARS, because the bench also runs code from before that existed
 SNAKEMAKE_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                          "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
 
