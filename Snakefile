@@ -16,9 +16,13 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/target.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/regenerate.smk"
+include: "workflow/rules/tokenize.smk"
 include: "workflow/rules/capture.smk"
 include: "workflow/rules/vocab.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/export.smk"
+include: "workflow/rules/acceptance.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/archive.smk"
@@ -30,5 +34,5 @@ report: "workflow/report/workflow.rst"
 rule all:
     default_target: True
     input:
-        "results/report.md",
-        f"results/archive/{run_id()}.tar.gz",
+        paths.REPORT,
+        paths.ARCHIVE.format(run_id=run_id()),

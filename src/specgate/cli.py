@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow/schemas/config.schema.yaml"
+from specgate.config import SCHEMA
 
 
 def _validate(args) -> int:
@@ -30,14 +29,14 @@ def _fingerprint(args) -> int:
 
 
 def _locate(args) -> int:
-    from specgate.target import locate_wheel_file
+    from specgate.pipeline.target import locate_wheel_file
 
     print(locate_wheel_file(args.wheel, args.file))
     return 0
 
 
 def _check_draft(args) -> int:
-    from specgate.export import DraftContractError, check_draft
+    from specgate.pipeline.export import DraftContractError, check_draft
 
     try:
         check_draft(args.draft, args.target)
@@ -51,9 +50,9 @@ def _check_draft(args) -> int:
 def _serve(args) -> int:
     import logging
 
-    from specgate.engine import Engine, EngineConfig
+    from specgate.engine.reference import Engine, EngineConfig
     from specgate.gate import GateConfig
-    from specgate.server import serve
+    from specgate.engine.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps)
@@ -62,17 +61,14 @@ def _serve(args) -> int:
     return 0
 
 
-def _bench_capture(args) -> int:
-    from specgate.bench_capture import run_capture_benchmark
+def _check_tp_log(args) -> int:
+    from specgate.sglang.tp_check import check_logs
 
-    result = run_capture_benchmark(args.target, args.tokens, batches=args.batches, batch_tokens=args.batch_tokens,
-                                   repeats=args.repeats, out=args.out)  # fmt: skip
-    print(json.dumps(result, indent=2))
-    return 0
+    return check_logs(args.logs)
 
 
 def _rebuild_report(args) -> int:
-    from specgate.archive import rebuild_report
+    from specgate.report.archive import rebuild_report
 
     print(rebuild_report(args.archive, args.dest))
     return 0
@@ -118,14 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--served-model-name")
     p.set_defaults(func=_serve)
 
-    p = sub.add_parser("bench-capture", help="capture vs plain forward throughput over the same batches")
-    p.add_argument("--target", default="results/target")
-    p.add_argument("--tokens", default="results/tokens/train.safetensors")
-    p.add_argument("--batches", type=int, default=6)
-    p.add_argument("--batch-tokens", type=int, default=8192)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", help="write the markdown result here")
-    p.set_defaults(func=_bench_capture)
+    p = sub.add_parser("check-tp-log", help="did every tensor-parallel rank of an SGLang server log gate alike?")
+    p.add_argument("logs", nargs="+", help="server logs, e.g. results/logs/bench/gate_4.server.log")
+    p.set_defaults(func=_check_tp_log)
 
     p = sub.add_parser("rebuild-report", help="unpack an experiment archive and regenerate its report from its files")
     p.add_argument("archive", help="results/archive/<run-id>.tar.gz")

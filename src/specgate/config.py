@@ -10,6 +10,10 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
 
+# Ships inside the package, so `specgate validate-config` works from an installed wheel.
+SCHEMA = Path(__file__).with_name("config.schema.yaml")
+
+
 class ConfigError(ValueError):
     """A config problem, with the offending key in dotted form."""
 
@@ -89,7 +93,7 @@ def _semantic_checks(config: dict) -> list[str]:
     return errors
 
 
-def validate_config(config: dict, schema_path: str | os.PathLike) -> dict:
+def validate_config(config: dict, schema_path: str | os.PathLike = SCHEMA) -> dict:
     """Return a validated copy of `config` with defaults filled in; raise ConfigError naming every bad key."""
     schema = yaml.safe_load(Path(schema_path).read_text())
     config = copy.deepcopy(config)
@@ -102,7 +106,31 @@ def validate_config(config: dict, schema_path: str | os.PathLike) -> dict:
     return config
 
 
-def load_config(path: str | os.PathLike, schema_path: str | os.PathLike) -> dict:
+def check_gpu_count(config: dict, visible: int | None = None) -> None:
+    """Refuse, before any work, a stage that asks for more GPUs than this host shows.
+
+    `visible` is the number of GPUs torch sees (CUDA_VISIBLE_DEVICES applied); found here
+    only when a stage asks for more than one process, so CPU configs never import torch.
+    """
+    asks = {f"{stage}.num_processes": config[stage]["num_processes"] for stage in ("capture", "train")}
+    asks = {key: n for key, n in asks.items() if isinstance(n, int) and n > 1}
+    if not asks or config["device"] == "cpu":
+        return
+    if visible is None:
+        import torch
+
+        visible = torch.cuda.device_count()
+    if visible == 0:  # no GPU: the ranks are CPU processes (gloo), which any host can run
+        return
+    for key, n in asks.items():
+        if n > visible:
+            cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+            shown = f" (CUDA_VISIBLE_DEVICES={cvd})" if cvd is not None else ""
+            raise ConfigError(f"config key '{key}': {n} processes, one per GPU, but {visible} GPU"
+                              f"{'s are' if visible != 1 else ' is'} visible{shown}")  # fmt: skip
+
+
+def load_config(path: str | os.PathLike, schema_path: str | os.PathLike = SCHEMA) -> dict:
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as e:

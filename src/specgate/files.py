@@ -74,6 +74,15 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def canonical(obj: Any) -> Any:
+    """`obj` with every dict's keys sorted, recursively: equal data, equal text."""
+    if isinstance(obj, dict):
+        return {k: canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    return obj
+
+
 def stable_hash(obj: Any) -> str:
     """Short hash of a JSON-serialisable value, independent of dict order."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]

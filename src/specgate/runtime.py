@@ -46,8 +46,8 @@ def _fd_or_none(stream):
 THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
 # A GPU process's host work (collate, copies to the GPU) gains nothing past a few threads, and idle
-# ones spin. On the x2 host's 32 cores, synthetic SmolLM2-shaped training ran fastest at 4 threads
-# per rank, for 1 and 2 ranks (gpu/bench_train_ranks.py, docs/results/h200x2/run3/).
+# ones spin. On a 32-core host with 2 H200s, synthetic SmolLM2-shaped training ran fastest at 4 threads
+# per rank, for 1 and 2 ranks (benchmarks/dp_scaling.py, docs/benchmarks/data-parallel.md).
 GPU_HOST_THREADS = 4
 
 

@@ -3,14 +3,14 @@
 rule archive:
     input:
         unpack(report_inputs),
-        report="results/report.md",
-        provenance="results/report/provenance.json",
-        plots=expand("results/report/{name}.png", name=PLOTS),
-        records=expand("results/bench/{variant}.jsonl", variant=sweep_variants()),
+        report=paths.REPORT,
+        provenance=paths.PROVENANCE,
+        plots=[paths.PLOT.format(name=name) for name in PLOTS],
+        records=[paths.BENCH_RECORDS.format(variant=v) for v in sweep_variants()],
     output:
-        f"results/archive/{run_id()}.tar.gz",
+        paths.ARCHIVE.format(run_id=run_id()),
     log:
-        "results/logs/archive.log",
+        paths.log("archive"),
     conda:
         "../../envs/specgate.yaml"
     params:
@@ -19,6 +19,6 @@ rule archive:
         configfiles=workflow.overwrite_configfiles or ["config/config.yaml"],
         snakefile=workflow.main_snakefile,
         repo=workflow.basedir,
-        code=fingerprint("archive"),
+        code=fingerprint("report.archive"),
     script:
-        "../scripts/write_archive.py"
+        "../scripts/archive.py"

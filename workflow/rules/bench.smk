@@ -5,18 +5,18 @@ rule bench:
     input:
         unpack(bench_inputs),
     output:
-        records="results/bench/{variant}.jsonl",
-        summary="results/bench/{variant}.csv",
+        records=paths.BENCH_RECORDS,
+        summary=paths.BENCH_SUMMARY,
     log:
-        main="results/logs/bench/{variant}.log",
-        server="results/logs/bench/{variant}.server.log",
+        main=paths.log("bench/{variant}"),
+        server=f"{paths.LOGS}/bench/{{variant}}.server.log",
     benchmark:
-        "results/benchmarks/bench_{variant}.tsv"
+        paths.stage_times("bench_{variant}")
     wildcard_constraints:
         variant="nospec|always|gate_[0-9]+(_[0-9]+)?|steps0_[0-9]+",
     conda:
         "../../envs/specgate.yaml"
-    threads: workflow.cores
+    threads: all_cores
     resources:
         bench_slot=1,
         gpu=config["serve"]["tp"] if config["serve"]["engine"] == "sglang" else 0,
@@ -27,6 +27,7 @@ rule bench:
         serve=config["serve"],
         device=config["device"],
         seed=config["seed"],
-        code=fingerprint("sweep", "server"),  # and the server it launches
+        work_dir=paths.BENCH_WORK,
+        code=fingerprint("sweep.bench", "engine.server"),  # and the server it launches
     script:
-        "../scripts/run_bench.py"
+        "../scripts/bench.py"

@@ -3,20 +3,20 @@
 # a rerun resumes at the first missing shard.
 rule capture:
     input:
-        tokens="results/tokens/train.safetensors",
-        target="results/target",
+        tokens=paths.TOKENS,
+        target=paths.TARGET,
     output:
-        index="results/capture/index.json",
+        index=paths.CAPTURE_INDEX,
     log:
-        "results/logs/capture.log",
+        paths.log("capture"),
     benchmark:
-        "results/benchmarks/capture.tsv"
+        paths.stage_times("capture")
     conda:
         "../../envs/specgate.yaml"
-    threads: workflow.cores
+    threads: all_cores
     params:
         capture=config["capture"],
         device=config["device"],
-        code=fingerprint("capture"),
+        code=fingerprint("pipeline.capture"),
     script:
-        "../scripts/capture_hidden.py"
+        "../scripts/capture.py"

@@ -2,22 +2,22 @@ rule report:
     input:
         unpack(report_inputs),
     output:
-        report="results/report.md",
-        provenance="results/report/provenance.json",
+        report=paths.REPORT,
+        provenance=paths.PROVENANCE,
         plots=[
             report(
-                f"results/report/{name}.png",
+                paths.PLOT.format(name=name),
                 caption=f"../report/{name}.rst",
                 category="Results",
             )
             for name in PLOTS
         ],
     log:
-        "results/logs/report.log",
+        paths.log("report"),
     conda:
         "../../envs/specgate.yaml"
     params:
         repo=workflow.basedir,
-        code=fingerprint("report"),
+        code=fingerprint("report.report"),
     script:
-        "../scripts/write_report.py"
+        "../scripts/report.py"

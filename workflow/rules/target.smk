@@ -1,15 +1,15 @@
 rule target:
     output:
-        directory("results/target"),
+        directory(paths.TARGET),
     log:
-        "results/logs/target.log",
+        paths.log("target"),
     benchmark:
-        "results/benchmarks/target.tsv"
+        paths.stage_times("target")
     conda:
         "../../envs/specgate.yaml"
-    threads: workflow.cores
+    threads: all_cores
     params:
         target=config["target"],
-        code=fingerprint("target"),
+        code=fingerprint("pipeline.target"),
     script:
-        "../scripts/materialize_target.py"
+        "../scripts/target.py"

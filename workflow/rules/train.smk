@@ -1,65 +1,23 @@
 # Checkpoints live in results/train/checkpoints/, not declared, so a killed run resumes.
 rule train:
     input:
-        capture="results/capture/index.json",
-        vocab="results/vocab/vocab.safetensors",
-        target="results/target",
+        capture=paths.CAPTURE_INDEX,
+        vocab=paths.VOCAB,
+        target=paths.TARGET,
     output:
-        weights="results/train/drafter.safetensors",
-        metrics="results/train/metrics.csv",
+        weights=paths.TRAIN_WEIGHTS,
+        metrics=paths.TRAIN_METRICS,
     log:
-        "results/logs/train.log",
+        paths.log("train"),
     benchmark:
-        "results/benchmarks/train.tsv"
+        paths.stage_times("train")
     conda:
         "../../envs/specgate.yaml"
-    threads: workflow.cores
+    threads: all_cores
     params:
         train=config["train"],
         seed=config["seed"],
         device=config["device"],
-        code=fingerprint("train"),
+        code=fingerprint("pipeline.train"),
     script:
-        "../scripts/train_drafter.py"
-
-
-rule export:
-    input:
-        weights="results/train/drafter.safetensors",
-        target="results/target",
-    output:
-        directory("results/drafter"),
-    log:
-        "results/logs/export.log",
-    benchmark:
-        "results/benchmarks/export.tsv"
-    conda:
-        "../../envs/specgate.yaml"
-    params:
-        dtype=config["export"]["dtype"],
-        code=fingerprint("export"),
-    script:
-        "../scripts/export_drafter.py"
-
-
-rule acceptance:
-    input:
-        target="results/target",
-        drafter="results/drafter",
-        eval="results/data/eval.jsonl",
-        metrics="results/train/metrics.csv",
-    output:
-        "results/acceptance.csv",
-    log:
-        "results/logs/acceptance.log",
-    benchmark:
-        "results/benchmarks/acceptance.tsv"
-    conda:
-        "../../envs/specgate.yaml"
-    threads: workflow.cores
-    params:
-        acceptance=config["acceptance"],
-        device=config["device"],
-        code=fingerprint("acceptance"),
-    script:
-        "../scripts/measure_acceptance.py"
+        "../scripts/train.py"

@@ -1,18 +1,18 @@
 rule vocab:
     input:
-        tokens="results/tokens/train.safetensors",
-        target="results/target",
+        tokens=paths.TOKENS,
+        target=paths.TARGET,
     output:
-        vocab="results/vocab/vocab.safetensors",
-        summary="results/vocab/summary.json",
+        vocab=paths.VOCAB,
+        summary=paths.VOCAB_SUMMARY,
     log:
-        "results/logs/vocab.log",
+        paths.log("vocab"),
     benchmark:
-        "results/benchmarks/vocab.tsv"
+        paths.stage_times("vocab")
     conda:
         "../../envs/specgate.yaml"
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        code=fingerprint("vocab"),
+        code=fingerprint("pipeline.vocab"),
     script:
-        "../scripts/build_vocab.py"
+        "../scripts/vocab.py"

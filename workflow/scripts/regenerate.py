@@ -1,5 +1,5 @@
 from specgate.files import stage_log
-from specgate.regenerate import regenerate_stage
+from specgate.pipeline.regenerate import regenerate_stage
 
 with stage_log(snakemake.log[0]):
     regenerate_stage(

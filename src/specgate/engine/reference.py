@@ -1,0 +1,194 @@
+"""The reference engine: continuous batching for a Llama target with an optional EAGLE-3 drafter.
+
+One engine thread owns the models. Each loop it admits waiting requests into free KV
+slots (prefill, one request at a time), asks the gate whether this decode step drafts,
+and runs either a speculative chain step or a plain decode step over every running
+request. Tokens go back to callers through callbacks. The step logic is
+`specgate.model.spec_decode`, the same code that measures acceptance offline.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from specgate.gate import Gate, GateConfig
+from specgate.model.llama import LlamaRunner
+from specgate.model.spec_decode import Request, SpecDecoder, load_drafter
+
+log = logging.getLogger(__name__)
+
+
+class EngineClosed(RuntimeError):
+    pass
+
+
+@dataclass
+class EngineConfig:
+    target_dir: str
+    draft_dir: str | None = None
+    num_steps: int = 3
+    gate: GateConfig = field(default_factory=lambda: GateConfig(None))
+    max_running: int = 32
+    max_len: int = 2048
+    device: str = "cpu"
+    dtype: str = "auto"  # "auto" = the checkpoint's dtype; "float32" for bit-exact greedy checks
+
+
+@dataclass
+class Job:
+    """A request in flight, with the callbacks that deliver its tokens."""
+
+    request: Request
+    on_tokens: Callable[[list[int]], None]
+    on_done: Callable[[str | None, str | None], None]  # (finish_reason, error)
+    submitted: float = field(default_factory=time.perf_counter)
+    delivered: int = 0
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from specgate.model.chat import eos_ids
+        from specgate.runtime import keep_freed_memory
+
+        keep_freed_memory()
+        self.cfg = cfg
+        model = AutoModelForCausalLM.from_pretrained(cfg.target_dir, dtype=cfg.dtype).to(cfg.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.target_dir)
+        self.eos = eos_ids(model, self.tokenizer)
+        drafter = load_drafter(cfg.draft_dir, cfg.device, next(model.parameters()).dtype) if cfg.draft_dir else None
+        aux = drafter.config.eagle_config["eagle_aux_hidden_state_layer_ids"] if drafter else []
+        self.decoder = SpecDecoder(LlamaRunner(model, aux), drafter, slots=cfg.max_running, max_len=cfg.max_len)
+        self.speculative = drafter is not None
+        self.gate = Gate(cfg.gate)
+        self._waiting: queue.Queue[Job] = queue.Queue()
+        self._running: list[Job] = []
+        self._free = deque(range(cfg.max_running))
+        self._closed = threading.Event()
+        self.verify_steps = 0
+        self.accepted_tokens = 0
+        self.steps = deque(maxlen=20000)  # (mode, batch, tokens_out, seconds): data for the cost model
+        self._thread = threading.Thread(target=self._loop, name="specgate-engine", daemon=True)
+        self._thread.start()
+
+    # -- public -------------------------------------------------------------------
+
+    def submit(self, prompt: list[int], max_new_tokens: int, ignore_eos: bool, on_tokens, on_done) -> Job:
+        if self._closed.is_set():
+            raise EngineClosed("engine is shutting down")
+        if len(prompt) + max_new_tokens + self.cfg.num_steps + 2 > self.cfg.max_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_new_tokens}) exceeds the context "
+                             f"limit {self.cfg.max_len - self.cfg.num_steps - 2}")  # fmt: skip
+        job = Job(Request(-1, prompt, max_new_tokens, self.eos, ignore_eos), on_tokens, on_done)
+        self._waiting.put(job)
+        return job
+
+    def stats(self) -> dict:
+        return {
+            "avg_spec_accept_length": self.accepted_tokens / self.verify_steps if self.verify_steps else None,
+            "spec_verify_steps": self.verify_steps,
+            "spec_accepted_tokens": self.accepted_tokens,
+            "running": len(self._running),
+            "waiting": self._waiting.qsize(),
+            "speculative": self.speculative,
+            "num_steps": self.cfg.num_steps if self.speculative else 0,
+            "gate": self.gate.counters(),
+        }
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; every request still waiting or running gets an error."""
+        self._closed.set()
+        self._waiting.put(None)  # wake the loop
+        self._thread.join(timeout)
+        for job in self._running:
+            job.on_done(None, "server shutting down")
+        self._running.clear()
+        while True:
+            try:
+                job = self._waiting.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.on_done(None, "server shutting down")
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _admit(self) -> None:
+        block = not self._running
+        while self._free and not self._closed.is_set():
+            try:
+                job = self._waiting.get(timeout=0.05) if block else self._waiting.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:
+                return
+            block = False
+            job.request.slot = self._free.popleft()
+            try:
+                # while the gate is off the draft prefill waits for the catch-up too
+                self.decoder.prefill(job.request, sync_draft=self.gate.on)
+            except Exception as e:  # this request fails; the others go on
+                log.exception("prefill failed")
+                self._free.append(job.request.slot)
+                job.on_done(None, f"engine error: {e}")
+                continue
+            self._running.append(job)
+            self._deliver(job)
+
+    def _deliver(self, job: Job) -> None:
+        out = job.request.output
+        if len(out) > job.delivered:
+            job.on_tokens(out[job.delivered :])
+            job.delivered = len(out)
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while not self._closed.is_set():
+                try:
+                    self._admit()
+                    self._retire()
+                    if not self._running:
+                        continue
+                    reqs = [j.request for j in self._running]
+                    speculate = self.speculative and self.gate.decide(len(reqs))
+                    before = sum(len(r.output) for r in reqs)
+                    t0 = time.perf_counter()
+                    if speculate:
+                        v0, a0 = sum(r.verify_steps for r in reqs), sum(r.accepted_tokens for r in reqs)
+                        self.decoder.spec_step(reqs, self.cfg.num_steps)
+                        self.verify_steps += sum(r.verify_steps for r in reqs) - v0
+                        self.accepted_tokens += sum(r.accepted_tokens for r in reqs) - a0
+                    else:  # true off: no draft work; the draft catches up when speculation resumes
+                        self.decoder.plain_step(reqs, sync_draft=False)
+                    self.steps.append(("spec" if speculate else "plain", len(reqs),
+                                       sum(len(r.output) for r in reqs) - before, time.perf_counter() - t0))  # fmt: skip
+                    for job in self._running:
+                        self._deliver(job)
+                    self._retire()
+                except Exception as e:  # a failed step must not hang its callers
+                    log.exception("engine step failed")
+                    for job in self._running:
+                        self._free.append(job.request.slot)
+                        job.on_done(None, f"engine error: {e}")
+                    self._running.clear()
+
+    def _retire(self) -> None:
+        still = []
+        for job in self._running:
+            r = job.request
+            if r.done:
+                self._free.append(r.slot)
+                stopped = bool(r.output) and not r.ignore_eos and r.output[-1] in r.eos_ids
+                job.on_done("stop" if stopped else "length", None)
+            else:
+                still.append(job)
+        self._running = still

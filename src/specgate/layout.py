@@ -1,0 +1,67 @@
+"""Where every artifact of a run lives: the `results/` tree, named in this one place.
+
+Paths are relative to the directory Snakemake runs in. The rules (`workflow/rules/*.smk`),
+the report and the archive take their paths from here, and `rebuild_report` finds an
+unpacked archive's files by the same names.
+"""
+
+from __future__ import annotations
+
+RESULTS = "results"
+
+TARGET = "results/target"  # HF checkpoint, tokenizer, chat template, manifest.json
+DATA_TRAIN = "results/data/train.jsonl"
+DATA_EVAL = "results/data/eval.jsonl"
+DATA_SUMMARY = "results/data/summary.json"
+REGEN_TRAIN = "results/data/train_regen.jsonl"  # the train split with replies written by the target
+REGEN_SUMMARY = "results/data/regen_summary.json"
+REGEN_SHARDS = "results/data/regen_shards"
+TOKENS = "results/tokens/train.safetensors"
+TOKENS_SUMMARY = "results/tokens/summary.json"
+CAPTURE_INDEX = "results/capture/index.json"  # shards live beside it, in shards/
+VOCAB = "results/vocab/vocab.safetensors"
+VOCAB_SUMMARY = "results/vocab/summary.json"
+TRAIN_WEIGHTS = "results/train/drafter.safetensors"  # checkpoints live beside it, in checkpoints/
+TRAIN_METRICS = "results/train/metrics.csv"
+DRAFTER = "results/drafter"  # the SGLang-loadable export
+ACCEPTANCE = "results/acceptance.csv"
+BENCH_RECORDS = "results/bench/{variant}.jsonl"
+BENCH_SUMMARY = "results/bench/{variant}.csv"
+BENCH_WORK = "results/bench/work"
+REPORT = "results/report.md"
+REPORT_DIR = "results/report"
+PROVENANCE = "results/report/provenance.json"
+PLOT = "results/report/{name}.png"
+ARCHIVE = "results/archive/{run_id}.tar.gz"
+LOGS = "results/logs"
+STAGE_TIMES = "results/benchmarks"  # Snakemake's `benchmark:` TSV of each job
+
+
+def log(name: str) -> str:
+    return f"{LOGS}/{name}.log"
+
+
+def stage_times(name: str) -> str:
+    return f"{STAGE_TIMES}/{name}.tsv"
+
+
+def bench_summary(variant: str) -> str:
+    return BENCH_SUMMARY.format(variant=variant)
+
+
+def report_inputs(*, regenerate: bool, bench_summaries: list[str]) -> dict:
+    """Every file the report reads, by the name `write_report` takes it under."""
+    inputs = {
+        "target": TARGET,
+        "data_summary": DATA_SUMMARY,
+        "tokens_summary": TOKENS_SUMMARY,
+        "capture_index": CAPTURE_INDEX,
+        "vocab_summary": VOCAB_SUMMARY,
+        "train_metrics": TRAIN_METRICS,
+        "acceptance": ACCEPTANCE,
+        "drafter": DRAFTER,
+        "bench_summaries": list(bench_summaries),
+    }
+    if regenerate:
+        inputs["regen_summary"] = REGEN_SUMMARY
+    return inputs

@@ -1,0 +1,319 @@
+"""results/report.md: what was built, from what, and what it measured.
+
+Each stage contributes a section from its own summary file. The report is a pure
+function of those files and a provenance record, so the archive can rebuild it
+elsewhere (`specgate rebuild-report`) with identical tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from specgate.report import cost_model as cm
+from specgate.report import plots
+from specgate import layout
+from specgate.files import atomic_path, write_json
+from specgate.report.provenance import provenance as collect_provenance
+
+
+def _json(path):
+    return json.loads(Path(path).read_text())
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+STAGES = ["target", "data", "regenerate", "tokenize", "capture", "vocab", "train", "export", "acceptance"]
+
+
+def stage_times(bench_dir: Path, stages: list[str]) -> list[list]:
+    """Wall time and peak memory of each stage of this config, from Snakemake's benchmark files."""
+    rows = []
+    for tsv in [bench_dir / f"{s}.tsv" for s in stages if (bench_dir / f"{s}.tsv").exists()]:
+        with open(tsv) as f:
+            rec = next(csv.DictReader(f, delimiter="\t"))
+        rows.append([tsv.stem, f"{float(rec['s']):.1f}", f"{float(rec['max_rss']):.0f}"])
+    return rows
+
+
+def training_summary(metrics_csv: str, last: int = 20) -> str:
+    with open(metrics_csv) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return "No training steps ran."
+    steps = sorted(int(k.split("_")[1]) for k in rows[0] if k.startswith("acc_"))
+    tail = rows[-last:]
+
+    def mean(key, rs):
+        return sum(float(r[key]) for r in rs) / len(rs)
+
+    head = rows[: min(last, len(rows))]
+    table = _table(["", "loss", *[f"acc_{k}" for k in steps], "τ̂", "tokens/s"], [
+        [f"first {len(head)} steps", f"{mean('loss', head):.3f}", *[f"{mean(f'acc_{k}', head):.3f}" for k in steps],
+         f"{mean('tau_hat', head):.3f}", f"{mean('tokens_per_s', head):.0f}"],
+        [f"last {len(tail)} steps", f"{mean('loss', tail):.3f}", *[f"{mean(f'acc_{k}', tail):.3f}" for k in steps],
+         f"{mean('tau_hat', tail):.3f}", f"{mean('tokens_per_s', tail):.0f}"],
+    ])  # fmt: skip
+    return f"{len(rows)} steps, {int(float(rows[-1]['epoch'])) + 1} epoch(s). Per-step metrics: `{metrics_csv}`.\n\n{table}"
+
+
+def build_report(out: str, *, provenance_out: str, repo: str, config: dict, **inputs) -> None:
+    """The workflow's report job: record provenance, then write the report from it."""
+    prov = collect_provenance(repo, config)
+    summaries = [pd.read_csv(p) for p in inputs.get("bench_summaries", [])]
+    if summaries:  # the engine that served the sweep, as the servers reported it
+        first = pd.concat(summaries)
+        prov["engine"] = str(first.engine.iloc[0])
+        prov["server_version"] = str(first.server_version.iloc[0])
+    write_json(provenance_out, prov)
+    write_report(out, config=config, provenance=prov, **inputs)
+
+
+def write_report(out: str, *, config: dict, provenance: dict, target: str, data_summary: str, tokens_summary: str,
+                 capture_index: str, vocab_summary: str, train_metrics: str, acceptance: str, drafter: str,
+                 bench_summaries: list[str] = (), regen_summary: str | None = None, stage_times_dir: str = layout.STAGE_TIMES,
+                 plots_dir: str | None = None) -> None:  # fmt: skip
+    prov = provenance
+    manifest = _json(Path(target) / "manifest.json")
+    data, tokens, cap, vocab = map(_json, (data_summary, tokens_summary, capture_index, vocab_summary))
+    parts = [f"# specgate report: {config['run_name']}", "", "## Provenance", ""]
+    parts.append(_table(["item", "value"], [
+        ["git commit", f"{prov['commit']}{' (dirty)' if prov['dirty'] else ''}"],
+        ["config hash", prov["config_hash"]],
+        ["CPU", f"{prov['cpu']} ({prov['cpu_count']} logical cores)"],
+        ["GPUs", ", ".join(prov["gpus"]) or "none"],
+        ["serving engine", f"{prov.get('engine', '-')} (server version {prov.get('server_version', '-')})"],
+        ["python", prov["python"]],
+        *[[name, v] for name, v in prov["packages"].items() if v],
+    ]))  # fmt: skip
+
+    parts += ["", "## Target", ""]
+    parts.append(_table(["architecture", "layers", "hidden", "vocab", "params", "dtype", "source"], [[
+        manifest["architecture"], manifest["num_hidden_layers"], manifest["hidden_size"], manifest["vocab_size"],
+        f"{manifest['num_parameters'] / 1e6:.1f} M", manifest["dtype"], manifest["source"]]]))  # fmt: skip
+
+    parts += ["", "## Data", ""]
+    rows = []
+    for name, s in data["sources"].items():
+        rows.append([name, s["read"], sum(s["malformed"].values()), json.dumps(s["malformed"]) or "{}",
+                     sum(s["repaired"].values()), sum(v for k, v in s["filtered"].items() if k != "turns_truncated_kept"),
+                     s["duplicates"], s["train"], s["eval"]])  # fmt: skip
+    parts.append(_table(["source", "read", "malformed", "malformed by reason", "repaired", "filtered", "duplicates", "train", "eval"], rows))
+    if regen_summary:
+        r = _json(regen_summary)
+        parts += ["", f"Train answers regenerated by the target: {r['kept']} of {r['input']} kept "
+                      f"({r['dropped_empty_reply']} empty replies dropped), max_new_tokens {r['max_new_tokens']}, "
+                      f"temperature {r['temperature']}."]  # fmt: skip
+    parts += ["", f"Tokenized: {tokens['sequences']} sequences, {tokens['tokens']} tokens, {tokens['loss_tokens']} "
+                  f"under the loss mask; {tokens['truncated_to_max_length']} truncated to {tokens['max_length']}, "
+                  f"skipped: {tokens['skipped']}."]  # fmt: skip
+
+    parts += ["", "## Hidden-state capture", ""]
+    parts.append(_table(["layers (SGLang)", "HF hidden_states", "sequences", "tokens", "shards", "size", "dtype", "tok/s (last run)"], [[
+        cap["layers_sglang"], cap["hidden_state_indices_hf"], cap["sequences"], cap["tokens"], len(cap["shards"]),
+        f"{cap['bytes'] / 2**30:.2f} GiB", cap["dtype"], cap["last_run"]["tokens_per_s_rank0"]]]))  # fmt: skip
+
+    parts += ["", "## Draft vocabulary", ""]
+    parts.append(_table(["draft vocab", "target vocab", "distinct masked tokens", "coverage", "padded"], [[
+        vocab["draft_vocab_size"], vocab["target_vocab_size"], vocab["distinct_masked_tokens"],
+        f"{vocab['coverage']:.4f}", vocab["padded_with_unused_ids"]]]))  # fmt: skip
+
+    parts += ["", "## Drafter training", "", training_summary(train_metrics)]
+    drafter_cfg = _json(Path(drafter) / "config.json")
+    parts += ["", f"Exported to `{drafter}` ({drafter_cfg['draft_vocab_size']}-token draft vocabulary, aux layers "
+                  f"{drafter_cfg['eagle_config']['eagle_aux_hidden_state_layer_ids']}); the SGLang contract check passed."]  # fmt: skip
+    parts += ["", "## Acceptance length (offline, greedy)", ""]
+    with open(acceptance) as f:
+        acc_rows = list(csv.DictReader(f))
+    parts.append(_table(["source", "k (draft steps)", "prompts", "verify steps", "τ measured", "τ̂ from training"],
+                        [[r["source"], r["num_steps"], r["prompts"], r["verify_steps"], r["tau"],
+                          f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-"] for r in acc_rows]))  # fmt: skip
+
+    if plots_dir:
+        plots.training(pd.read_csv(train_metrics), Path(plots_dir) / "training.png")
+        parts += ["", f"![training curves]({_rel(plots_dir, out)}/training.png)"]
+    sweep = pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True) if bench_summaries else None
+    if sweep is not None:
+        parts += sweep_sections(config, sweep, plots_dir, out)
+
+    stages = [s for s in STAGES if s != "regenerate" or regen_summary]
+    stages += [f"bench_{v}" for v in sorted(sweep.variant.unique())] if sweep is not None else []
+    times = stage_times(Path(stage_times_dir), stages)
+    if times:
+        total = sum(float(r[1]) for r in times)
+        parts += ["", "## Stage times (Snakemake benchmarks of the last run of each stage)", "",
+                  _table(["stage", "wall s", "max RSS MB"], [*times, ["total", f"{total:.1f}", ""]])]  # fmt: skip
+    parts.append("")
+    with atomic_path(out) as tmp:
+        tmp.write_text("\n".join(parts))
+
+
+def _rel(plots_dir: str, out: str) -> str:
+    import os
+
+    return os.path.relpath(plots_dir, Path(out).parent)
+
+
+def _fmt(x, digits=1):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{digits}f}"
+
+
+def _by_concurrency(summary: pd.DataFrame, column: str, variants: list[str], digits: int = 1) -> str:
+    table = summary.pivot_table(index="concurrency", columns="variant", values=column)
+    return _table(["concurrency", *variants], [[c, *[_fmt(table.at[c, v], digits) for v in variants]] for c in table.index])
+
+
+def gate_off_comparison(summary: pd.DataFrame) -> str | None:
+    """Throughput ÷ no-spec above each threshold swept both ways: the true-off gate (gate_T) and
+    SGLang's own 0-step path (steps0_T). None when the sweep has no such pair."""
+    thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    pairs = sorted(int(v.split("_")[1]) for v in thr.columns if v.startswith("steps0_") and f"gate_{v.split('_')[1]}" in thr)
+    if "nospec" not in thr or not pairs:
+        return None
+    rows = [[t, c, _fmt(thr.at[c, "nospec"]), _fmt(thr.at[c, f"gate_{t}"] / thr.at[c, "nospec"], 3),
+             _fmt(thr.at[c, f"steps0_{t}"] / thr.at[c, "nospec"], 3)]
+            for t in pairs for c in thr.index if c >= 2 * t]  # fmt: skip
+    if not rows:
+        return None
+    return _table(["threshold", "concurrency", "no-spec tok/s", "true-off gate ÷ no-spec", "SGLang steps=0 ÷ no-spec"], rows)
+
+
+def recommend(eff: pd.DataFrame) -> pd.Series | None:
+    """The gate with the best worst-case envelope efficiency; near-ties go to the better mean."""
+    gates = eff[eff.variant.str.startswith("gate_")]
+    if gates.empty:
+        return None
+    best = gates.envelope_efficiency.max()
+    close = gates[gates.envelope_efficiency >= best - 0.005]
+    return close.sort_values("mean_efficiency", ascending=False).iloc[0]
+
+
+def rationale(summary: pd.DataFrame, eff: pd.DataFrame, pick: pd.Series, model: cm.CostModel) -> str:
+    thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    lo, hi = thr.index.min(), thr.index.max()
+    gain_lo, gain_hi = thr.at[lo, "always"] / thr.at[lo, "nospec"], thr.at[hi, "always"] / thr.at[hi, "nospec"]
+    crossing = cm.measured_crossover(summary)
+    if crossing == 0:
+        where = f"always-on speculation never beat no speculation here (×{gain_lo:.2f} already at concurrency {lo})"
+    elif math.isinf(crossing):
+        where = f"always-on speculation beat no speculation at every measured concurrency (×{gain_hi:.2f} at {hi})"
+    else:
+        where = (f"always-on speculation is ×{gain_lo:.2f} no-spec at concurrency {lo} and ×{gain_hi:.2f} at {hi}, "
+                 f"and the two curves cross at about {crossing:.1f} concurrent requests")  # fmt: skip
+    others = eff[eff.variant.str.startswith("gate_") & (eff.variant != pick.variant)].sort_values(
+        "envelope_efficiency", ascending=False)  # fmt: skip
+    runner_up = (f" The next best gate, {others.iloc[0].variant}, keeps {others.iloc[0].envelope_efficiency:.3f}."
+                 if not others.empty else "")  # fmt: skip
+    b = model.crossover()
+    pred = ("the cost model predicts speculation pays at every batch size" if math.isinf(b) else
+            "the cost model predicts speculation never pays" if b == 0 else
+            f"the cost model (τ = {model.tau:.2f}) puts the crossover at batch {b:.1f}, i.e. a threshold of {model.threshold()}")  # fmt: skip
+    if crossing == 0:
+        return (f"**Speculation did not pay at any measured load: serve without it,** or, if it must stay on, gate it at "
+                f"{int(pick.disable_at)} running requests ({pick.variant}), which kept {pick.envelope_efficiency:.3f} of "
+                f"the better of no-spec and always-on at every measured concurrency (worst at "
+                f"{int(pick.worst_concurrency)}, mean {pick.mean_efficiency:.3f}). With the drafter's measured accept "
+                f"length, {where}.{runner_up} For comparison, {pred}.")  # fmt: skip
+    return (f"**Stop speculating at {int(pick.disable_at)} running requests ({pick.variant}).** With the drafter's measured "
+            f"accept length, {where}. Gated at {int(pick.disable_at)}, the server kept at least "
+            f"{pick.envelope_efficiency:.3f} of the better of no-spec and always-on at every measured concurrency "
+            f"(worst at {int(pick.worst_concurrency)}, mean {pick.mean_efficiency:.3f}).{runner_up} For comparison, {pred}.")
+
+
+def accept_title(summary: pd.DataFrame) -> str:
+    sources = set(summary.accept_length_source.dropna())
+    if sources == {"server counters, this level"}:
+        return "Accept length per level (server counters over the level; '-' where the gate kept speculation off)"
+    if "gate counters, speculative steps of this level" in sources:
+        return ("Accept length per level: gated variants from the specgate plugin's counters (speculative steps of the "
+                "level only; '-' where the gate kept speculation off), others the server's cumulative average")
+    # SGLang exposes only its lifetime average, and counts every gate-off step as a 1-token verify
+    return ("Accept length: the server's cumulative average at the end of each level (SGLang exposes no totals; "
+            "on gated servers it includes gate-off steps, counted as 1)")
+
+
+def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, out: str) -> list[str]:
+    variants = plots._variant_order(summary.variant.unique())
+    bench, serve = config["bench"], config["serve"]
+    eng = summary.engine.iloc[0]
+    parts = ["", "## Threshold sweep", "",
+             f"Engine `{eng}` (server version {summary.server_version.iloc[0]}), {serve['num_steps']} draft steps, top-k 1; "
+             f"closed loop over the OpenAI streaming API, {bench['max_tokens']} output tokens per request "
+             f"(ignore_eos={bench['ignore_eos']}), greedy; max(min_requests={bench['min_requests']}, "
+             f"{bench['requests_per_concurrency']}×concurrency) requests per level after {bench['warmup_requests']} "
+             "warm-up requests. Per-request records: `results/bench/<variant>.jsonl`; summaries: `results/bench/<variant>.csv`.",
+             "", "### Output throughput (tok/s)", "", _by_concurrency(summary, "output_throughput", variants),
+             "", "### Median TTFT (ms)", "", _by_concurrency(summary, "median_ttft_ms", variants, 0),
+             "", "### Median ITL (ms)", "", _by_concurrency(summary, "median_itl_ms", variants),
+             "", "### p99 ITL (ms)", "", _by_concurrency(summary, "p99_itl_ms", variants),
+             "", f"### {accept_title(summary)}", "", _by_concurrency(summary, "accept_length", [v for v in variants if v != "nospec"], 3),
+             "", f"Failed requests: {int(summary.failed.sum())} of {int(summary.completed.sum() + summary.failed.sum())}."]  # fmt: skip
+    if summary.errors.notna().any():
+        parts += ["", "Errors: " + "; ".join(sorted(set(summary.errors.dropna())))]
+    if plots_dir:
+        plots.throughput(summary, Path(plots_dir) / "throughput.png")
+        plots.latency(summary, Path(plots_dir) / "latency.png")
+        rel = _rel(plots_dir, out)
+        parts += ["", f"![throughput]({rel}/throughput.png)", "", f"![latency]({rel}/latency.png)"]
+
+    if not {"nospec", "always"} <= set(variants):
+        return parts + ["", "The sweep lacks nospec or always: no envelope or recommendation."]
+    eff = cm.envelope_efficiency(summary)
+    eff = eff.merge(summary.groupby("variant")[["disable_at", "enable_at"]].first().reset_index(), on="variant")
+    model, steps = cm.fit(summary)
+    concurrencies = sorted(summary.concurrency.unique())
+    parts += ["", "## Envelope efficiency", "",
+              "Per variant: the minimum over concurrencies of its throughput ÷ max(no-spec, always-on) at that concurrency.", "",
+              _table(["variant", "envelope efficiency", "worst at concurrency", "mean over concurrencies", "cost model predicts"],
+                     [[r.variant, f"{r.envelope_efficiency:.3f}", int(r.worst_concurrency), f"{r.mean_efficiency:.3f}",
+                       f"{cm.predicted_envelope(model, concurrencies, int(r.disable_at)):.3f}"
+                       if r.variant.startswith("gate_") and pd.isna(r.enable_at) else "-"]
+                      for r in eff.set_index("variant").loc[variants].reset_index().itertuples()])]  # fmt: skip
+    if plots_dir:
+        plots.envelope(summary, Path(plots_dir) / "envelope.png")
+        parts += ["", f"![envelope]({_rel(plots_dir, out)}/envelope.png)"]
+    off = gate_off_comparison(summary)
+    if off:
+        parts += ["", "### Gate off: specgate's true-off gate against SGLang's own 0-step path", "",
+                  "At concurrency ≥ 2 × threshold the gate is off for most steps; throughput ÷ no-spec at the same level.",
+                  "", off]  # fmt: skip
+
+    pick = recommend(eff)
+    parts += ["", "## Recommended threshold", ""]
+    parts.append(rationale(summary, eff, pick, model) if pick is not None else "No gated variant in the sweep.")
+
+    thresholds = sorted({int(t) for t in eff.disable_at.dropna()})
+    pred_best = max(thresholds, key=lambda t: cm.predicted_envelope(model, concurrencies, t)) if thresholds else None
+    b = model.crossover()
+    parts += ["", "## Cost model", "",
+              "Effective step time from the sweep's own no-spec and always-on levels (client-side: concurrency × tokens per "
+              "step ÷ output throughput, so prefill and scheduling are included), fitted as fixed + per-request × batch; "
+              "see `specgate/cost_model.py`.", "",
+              _table(["step", "fixed ms", "per request ms", "tokens per request per step"], [
+                  ["plain (no-spec)", _fmt(model.plain.fixed * 1000, 2), _fmt(model.plain.per_request * 1000, 3), "1"],
+                  [f"speculative (k={serve['num_steps']})", _fmt(model.spec.fixed * 1000, 2),
+                   _fmt(model.spec.per_request * 1000, 3), f"τ = {model.tau:.3f}"]]), "",
+              _table(["", "predicted", "measured"], [
+                  ["crossover batch", "∞" if math.isinf(b) else f"{b:.1f}",
+                   (lambda m: "∞" if math.isinf(m) else f"{m:.1f}")(cm.measured_crossover(summary))],
+                  ["best threshold among those swept", pred_best if pred_best is not None else "-",
+                   int(pick.disable_at) if pick is not None else "-"]]), "",
+              _table(["concurrency", "nospec measured", "nospec predicted", "always measured", "always predicted"], [
+                  [c, _fmt(summary[(summary.variant == "nospec") & (summary.concurrency == c)].output_throughput.iloc[0]),
+                   _fmt(float(model.nospec_throughput(c))),
+                   _fmt(summary[(summary.variant == "always") & (summary.concurrency == c)].output_throughput.iloc[0]),
+                   _fmt(float(model.spec_throughput(c)))] for c in concurrencies])]  # fmt: skip
+    if plots_dir:
+        plots.cost_model(model, steps, summary, Path(plots_dir) / "cost_model.png")
+        parts += ["", f"![cost model]({_rel(plots_dir, out)}/cost_model.png)"]
+    return parts

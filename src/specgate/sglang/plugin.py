@@ -1,0 +1,129 @@
+"""SGLang plugin: the specgate load gate inside SGLang's EAGLE-3 worker.
+
+Registered under the `sglang.srt.plugins` entry point; SGLang calls `register()` early
+in every process (tokenizer manager, schedulers, every TP rank). It adds hooks through
+SGLang's HookRegistry, editing no SGLang file. Two modes:
+
+mode "true-off" (default): while the gate is off a decode step is a plain decode step of the
+target, and the draft catches up in one batched extend when drafting resumes. See
+`specgate.sglang.trueoff`; SGLang 0.5.15 only, refused cleanly on any other version.
+
+mode "sglang-steps0": SGLang's own adaptive speculation with a 0-step tier (still pays for
+the verify-mode step and the draft extend while off):
+
+  AROUND AdaptiveSpeculativeParams.get_steps_for_batch   the gate decides: the configured
+         number of draft steps while on, 0 while off. It sees the unpadded decode batch
+         size, once per decode step (prefills do not call it).
+  AROUND AdaptiveSpeculativeParams.on_verify_complete    returns None: SGLang's
+         acceptance-EMA never changes the step count, so only the gate decides.
+
+The decision depends only on the decode batch size, which every TP rank sees, and on
+the gate's own deterministic state, so all ranks decide alike every step.
+
+Settings come from the environment, set by specgate's launcher:
+  SPECGATE_GATE='{"mode": "true-off", "num_steps": 3, "disable_at": 8, "enable_at": null,
+                  "min_dwell_steps": 0, "buffer_tokens": 32}'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from specgate.gate import Gate, GateConfig
+from specgate.sglang.logs import log
+from specgate.sglang.logs import say as _say
+
+TARGET = "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams"
+ENV = "SPECGATE_GATE"
+MODES = ("true-off", "sglang-steps0")
+KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens", "sync_free_seq_lens"}
+LOG_EVERY = 1000  # decisions between counter lines
+
+
+def gate_settings() -> dict | None:
+    raw = os.environ.get(ENV)
+    if not raw:
+        return None
+    settings = json.loads(raw)
+    unknown = set(settings) - KEYS
+    if unknown:
+        raise ValueError(f"{ENV}: unknown keys {sorted(unknown)}")
+    if settings.setdefault("mode", "true-off") not in MODES:
+        raise ValueError(f"{ENV}: mode must be one of {MODES}, got {settings['mode']!r}")
+    GateConfig.from_settings(settings)  # the thresholds are checked here, before any hook exists
+    return settings
+
+
+def _hooked_api():
+    """The SGLang pieces the hooks need, or the reason they are missing."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+        from sglang.srt.speculative import adaptive_spec_params
+    except ImportError as e:
+        return None, f"SGLang lacks the plugin or adaptive-speculation API ({e})"
+    cls = getattr(adaptive_spec_params, "AdaptiveSpeculativeParams", None)
+    missing = [m for m in ("get_steps_for_batch", "on_verify_complete") if not callable(getattr(cls, m, None))]
+    if cls is None or missing:
+        return None, f"SGLang's AdaptiveSpeculativeParams lacks {missing or 'itself'}"
+    return (HookRegistry, HookType), None
+
+
+def make_hooks(settings: dict):
+    """The two AROUND hooks, sharing one gate per AdaptiveSpeculativeParams instance."""
+    num_steps = int(settings.get("num_steps", 3))
+
+    def get_steps_for_batch(original, self, batch_size, *args, **kwargs):
+        gate = self.__dict__.get("_specgate_gate")
+        if gate is None:
+            gate = self.__dict__["_specgate_gate"] = Gate(GateConfig.from_settings(settings))
+            log.info("specgate gate active: %s, %d draft steps while on (pid %d)", gate.counters(), num_steps, os.getpid())
+        before = gate.switches
+        on = gate.decide(int(batch_size))
+        if gate.switches != before or (gate.steps_on + gate.steps_off) % LOG_EVERY == 0:
+            log.info("specgate gate %s at batch %d: %s", "on" if on else "off", batch_size, json.dumps(gate.counters()))
+        return num_steps if on else 0
+
+    def on_verify_complete(original, self, *args, **kwargs):
+        return None  # acceptance-EMA step changes are switched off: the gate alone decides
+
+    return get_steps_for_batch, on_verify_complete
+
+
+def register() -> None:
+    """Entry point called by SGLang's plugin loader."""
+    try:
+        settings = gate_settings()
+    except (ValueError, json.JSONDecodeError) as e:
+        _say(logging.ERROR, f"specgate gate plugin: bad {ENV} ({e}); not installed")
+        return
+    if settings is None:
+        _say(logging.INFO, f"specgate gate plugin: {ENV} not set; not installed")
+        return
+    if settings["mode"] == "true-off":
+        _register_true_off(settings)
+        return
+    api, reason = _hooked_api()
+    if api is None:
+        _say(logging.WARNING, f"specgate gate plugin: {reason}; not installed, SGLang runs unchanged")
+        return
+    registry, hook_type = api
+    get_steps, on_verify = make_hooks(settings)
+    registry.register(f"{TARGET}.get_steps_for_batch", get_steps, hook_type.AROUND)
+    registry.register(f"{TARGET}.on_verify_complete", on_verify, hook_type.AROUND)
+    _say(logging.INFO, f"specgate gate plugin: hooks registered on {TARGET} ({settings})")
+
+
+def _register_true_off(settings: dict) -> None:
+    from specgate.sglang import trueoff as sglang_trueoff
+
+    mismatch = sglang_trueoff.contract_mismatch()
+    if mismatch:
+        _say(logging.WARNING, f"specgate true-off gate refused: {mismatch}; not installed, SGLang runs unchanged")
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, hook in sglang_trueoff.make_hooks(settings).items():
+        HookRegistry.register(target, hook, HookType.AROUND)
+    _say(logging.INFO, f"specgate gate plugin: true-off hooks registered on {sglang_trueoff.WORKER} ({settings})")

@@ -1,0 +1,120 @@
+"""Server commands for the two engines, built from the same settings.
+
+SGLang: `python -m sglang.launch_server` with the target, the exported EAGLE-3 drafter,
+top-k 1, k draft steps and k + 1 draft tokens. A gated variant hands the gate settings to
+the specgate plugin through the SPECGATE_GATE environment variable. The true-off gate
+(`gate_T`) needs nothing else. The comparison variant `steps0_T` uses SGLang's own 0-step
+path: it turns on SGLang's adaptive speculation with a config that lists both step counts
+(0 and k), so CUDA graphs are captured for each. `--max-running-requests` is always explicit: with
+EAGLE, SGLang otherwise lowers it to 48.
+
+Reference engine: `python -m specgate.cli serve` with the same meaning for every knob.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specgate.sglang.plugin import ENV as GATE_ENV
+
+
+@dataclass
+class Variant:
+    """One server configuration of the sweep."""
+
+    name: str  # nospec | always | gate_T | gate_T_E | steps0_T
+    speculative: bool
+    disable_at: int | None = None
+    enable_at: int | None = None
+    min_dwell_steps: int = 0
+    gate_mode: str = "true-off"  # or "sglang-steps0": SGLang's adaptive 0-step tier
+
+    @property
+    def gated(self) -> bool:
+        return self.speculative and self.disable_at is not None
+
+
+def variants(thresholds: list[int], hysteresis: list[list[int]] | None = None,
+             steps0_thresholds: list[int] | None = None) -> list[Variant]:  # fmt: skip
+    out = [Variant("nospec", False), Variant("always", True)]
+    out += [Variant(f"gate_{t}", True, t) for t in thresholds]
+    out += [Variant(f"gate_{d}_{e}", True, d, e) for d, e in hysteresis or []]
+    out += [Variant(f"steps0_{t}", True, t, gate_mode="sglang-steps0") for t in steps0_thresholds or []]
+    return out
+
+
+@dataclass
+class ServeSettings:
+    target: str
+    draft: str | None
+    num_steps: int = 3
+    max_running: int = 64
+    max_len: int = 2048
+    tp: int = 1
+    attention_backend: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    device: str = "cpu"
+    dtype: str = "auto"  # reference engine only; SGLang serves the checkpoint's dtype
+    gate_buffer_tokens: int = 32  # true-off gate in SGLang: aux states kept per request before a flush
+    gate_sync_free_seq_lens: bool = False  # true-off gate in SGLang: skip spec v2's seq_lens sync after off steps
+
+
+def check_tensor_parallel(tp: int, *model_dirs: str | Path | None) -> None:
+    """Fail before launching when `serve.tp` cannot split a model's attention heads: SGLang would
+    assert on every rank about a minute into start-up (SmolLM2-135M has 9 heads: no tp 2)."""
+    if tp == 1:
+        return
+    for d in model_dirs:
+        if d is None:
+            continue
+        path = Path(d) / "config.json"
+        heads = json.loads(path.read_text()).get("num_attention_heads")
+        if heads is not None and heads % tp:
+            raise ValueError(f"serve.tp = {tp}: {path} has num_attention_heads = {heads}, which {tp} GPUs cannot "
+                             f"split evenly; pick a tp that divides {heads}")  # fmt: skip
+
+
+def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path) -> tuple[list[str], dict]:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", s.target, "--host", "127.0.0.1",
+           "--port", str(port), "--max-running-requests", str(s.max_running), "--tp-size", str(s.tp)]  # fmt: skip
+    if s.attention_backend:
+        cmd += ["--attention-backend", s.attention_backend]
+    env = dict(os.environ, **s.env)
+    if v.speculative:
+        cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s.draft),
+                "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
+    if v.gated:
+        gate = {"mode": v.gate_mode, "num_steps": s.num_steps, "disable_at": v.disable_at, "enable_at": v.enable_at,
+                "min_dwell_steps": v.min_dwell_steps}  # fmt: skip
+        if v.gate_mode == "sglang-steps0":
+            cfg_path = Path(work_dir) / f"adaptive_{v.name}.json"
+            cfg_path.parent.mkdir(parents=True, exist_ok=True)
+            # one slot for every batch size: the gate, not SGLang's batch-size table, picks 0 or k
+            cfg_path.write_text(json.dumps({"1": {"candidate_steps": [0, s.num_steps]}}))
+            cmd += ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg_path)]
+        else:
+            gate["buffer_tokens"] = s.gate_buffer_tokens
+            if s.gate_sync_free_seq_lens:
+                gate["sync_free_seq_lens"] = True
+        env[GATE_ENV] = json.dumps(gate)
+    return cmd + list(s.extra_args), env
+
+
+def reference_command(s: ServeSettings, v: Variant, port: int) -> tuple[list[str], dict]:
+    if v.gate_mode != "true-off":
+        raise ValueError(f"variant {v.name}: the reference engine's gate is always a true off, not {v.gate_mode}")
+    cmd = [sys.executable, "-m", "specgate.cli", "serve", "--target", s.target, "--port", str(port),
+           "--max-running", str(s.max_running), "--max-len", str(s.max_len), "--device", s.device, "--dtype", s.dtype]  # fmt: skip
+    if v.speculative:
+        cmd += ["--draft", str(s.draft), "--num-steps", str(s.num_steps)]
+    if v.gated:
+        cmd += ["--disable-at", str(v.disable_at), "--min-dwell-steps", str(v.min_dwell_steps)]
+        if v.enable_at is not None:
+            cmd += ["--enable-at", str(v.enable_at)]
+    return cmd + list(s.extra_args), dict(os.environ, **s.env)

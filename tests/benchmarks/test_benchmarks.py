@@ -1,0 +1,148 @@
+"""The benchmark scripts on a CPU machine: --help, their pure pieces on given numbers, and two
+real runs on a tiny random model that write their tables."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step"]
+TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, f"benchmarks/{name}.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_every_script_has_help():
+    # started together: each one's cost is mostly importing torch
+    procs = {n: subprocess.Popen([sys.executable, f"benchmarks/{n}.py", "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for n in SCRIPTS}  # fmt: skip
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{name}: {err}"
+        assert "--out" in out and "usage:" in out, name
+
+
+def test_flop_count_on_given_numbers():
+    flops = load("train_mfu").model_flops
+    # N = 4 tokens, H = 2, one head of d = 2 (q and kv width 2), I = 3, Vd = 5, one TTT step, 4 rows in the loss:
+    # fc 2*4*6*2 = 96; q,k,v,o + MLP 2*4*(2*2*2 + 2*2*2*2 + 2*2 + 3*2*3) = 368; lm_head 2*4*2*5 = 80;
+    # causal attention 1*1*2*4*(4*5/2) = 80; model = 3 * 624; the full 4x4 scores add 3 * 2*4*(16 - 10)
+    r = flops(batch=1, seq=4, ttt=1, hidden=2, heads=1, kv_heads=1, head_dim=2, intermediate=3, draft_vocab=5, rows=[4])
+    assert r["forward"] == {"fc": 96, "qkvo_mlp": 368, "lm_head": 80, "attention_causal": 80}
+    assert r["model_flops"] == 1872
+    assert r["hardware_flops"] == 1872 + 144
+    # a second TTT step: the layer again on all N, its own rows, and k*T more keys per query
+    r2 = flops(batch=1, seq=4, ttt=2, hidden=2, heads=1, kv_heads=1, head_dim=2, intermediate=3, draft_vocab=5, rows=[4, 2])
+    assert r2["forward"] == {"fc": 96, "qkvo_mlp": 736, "lm_head": 120, "attention_causal": 80 + 8 * (10 + 4)}
+    assert load("train_mfu").target_side_flops(batch=2, seq=3, hidden=4, vocab=10, draft_vocab=5) == 2 * 6 * 4 * 15
+
+
+def test_mfu_row_on_given_numbers():
+    m = load("train_mfu")
+    run_ = {"trainer": "specgate", "precision": "bf16", "batch": 2, "seq": 1000, "step_s": [0.2, 0.1, 0.3],
+            "model_flops": 50e12, "hardware_flops": 60e12, "peak_bytes": 3 * 2**30}  # fmt: skip
+    row = m.table_row(run_, peak_tflops=1000.0, matmul_tflops=500.0)
+    assert row == ["specgate", "bf16", "2 × 1000", "200.0 (100.0–300.0)", "10000", "50.0", "250.0", "0.250", "0.500",
+                   "300.0", "3.0"]  # fmt: skip
+    assert len(row) == len(m.COLUMNS)
+    oom = {"trainer": "SpecForge", "precision": "bf16", "batch": 1, "seq": 8, "error": "out of memory"}
+    failed = m.table_row(oom, None, None)
+    assert failed[:4] == ["SpecForge", "bf16", "1 × 8", "out of memory"] and len(failed) == len(m.COLUMNS)
+
+
+def test_table_writers_on_given_numbers():
+    capture = load("capture_vs_forward")
+    rows = capture.result_rows(1000, [(1.0, 2.0), (0.5, 0.5), (1.0, 1.25)])
+    assert rows == [["1", "1000", "500", "0.500"], ["2", "2000", "2000", "1.000"], ["3", "1000", "800", "0.800"],
+                    ["**median**", "1000", "800", "**0.800**"]]  # fmt: skip
+    assert capture.markdown_table(["a", "b"], [[1, 2.5]]) == "| a | b |\n|---|---|\n| 1 | 2.5 |"
+
+    engine = load("reference_engine")
+    rates = {("nospec", 1): [30.0], ("always", 1): [36.0], ("gate_4", 1): [33.0], ("nospec", 4): [80.0, 100.0, 90.0],
+             ("always", 4): [72.0, 70.0, 74.0], ("gate_4", 4): [90.0, 88.0, 89.0]}  # fmt: skip
+    assert engine.table_rows(rates, ["nospec", "always", "gate_4"], [1, 4]) == [
+        ["1", "30.0", "36.0", "33.0", "1.20", "1.10"],
+        ["4", "90.0 (80.0–100.0)", "72.0 (70.0–74.0)", "89.0 (88.0–90.0)", "0.80", "0.99"],
+    ]
+
+    dp = load("dp_scaling")
+    median, q1, q3 = dp.rate_summary([1.0, 9.0, 9.0, 9.0, 9.0, 10.0, 20.0, 30.0, 40.0])  # the first 5 steps dropped
+    assert (median, q1, q3) == (25.0, 12.5, 37.5)
+    results = [
+        dict(ranks=1, job_threads=8, threads_per_rank=8, median=1000.0, q1=990.0, q3=1010.0, cpu_s=10.0, wall_s=5.0),
+        dict(ranks=2, job_threads=8, threads_per_rank=4, median=1600.0, q1=1500.0, q3=1700.0, cpu_s=21.0, wall_s=6.0),
+    ]
+    assert dp.table_rows(results)[1] == [2, 8, 4, "1,600 (1,500–1,700)", "0.80", "21.0", "6.0"]
+    assert dp.default_settings(gpus=2, cores=32) == [(1, 32), (2, 32), (2, 16)]
+    assert dp.default_settings(gpus=0, cores=2) == [(1, 2), (2, 2)]
+
+    step = load("acceptance_step")
+    assert step.ms_cell([3.0, 1.0, 2.0]) == "2.0 (1.0–3.0)"
+    max_new, max_len = step.token_budget(prompt_len=100, k=3, steps=10, repeats=3)
+    assert max_new == (2 * step.WARMUP_STEPS + 61) * 4 + 1 and max_len == 100 + max_new + 5
+
+
+def test_capture_vs_forward_on_a_tiny_shape(tmp_path):
+    from safetensors.torch import save_file
+
+    lengths = [40, 31, 24, 17, 9, 5]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (sum(lengths),), generator=gen, dtype=torch.int32)  # beyond the vocab: wrapped
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    save_file({"input_ids": ids, "loss_mask": torch.ones(len(ids), dtype=torch.uint8), "offsets": offsets},
+              str(tmp_path / "tokens.safetensors"))  # fmt: skip
+    out = tmp_path / "capture.md"
+    r = run("capture_vs_forward", "--shape", TINY, "--tokens", str(tmp_path / "tokens.safetensors"), "--batch-tokens", "64",
+            "--batches", "3", "--repeats", "2", "--device", "cpu", "--out", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert text in r.stdout
+    assert "benchmarks/capture_vs_forward.py --shape" in text and "torch " in text and "transformers " in text
+    assert "2 repeats" in text
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert table[0] == "| repeat | plain forward tok/s | capture tok/s | capture ÷ plain |"
+    assert [row.split(" | ")[0] for row in table[1:]] == ["| 1", "| 2", "| **median**"]
+
+
+def test_acceptance_step_at_batch_2(tmp_path):
+    out = tmp_path / "step.md"
+    r = run("acceptance_step", "--shape", TINY, "--batch", "2", "--prompt-len", "16", "--steps", "2", "--repeats", "2",
+            "--device", "cpu", "--out", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "2 repeats of 2 steps" in text and "torch " in text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]  # after the header
+    assert [row[1] for row in rows] == ["2", "1", "2"]  # batch, every other slot, batch
+    for row in rows:
+        assert float(row[2].split()[0]) > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"),
+    [
+        ("train_mfu", ["--specforge"], "--specforge needs the `specforge` package"),
+        ("capture_vs_forward", ["--shape", TINY, "--tokens", "no/such/tokens.safetensors"], "no tokenized set at"),
+    ],
+)
+def test_missing_prerequisites_are_one_line_errors(name, args, message):
+    if name == "train_mfu" and importlib.util.find_spec("specforge") is not None:
+        pytest.skip("specforge is installed here")
+    r = run(name, *args)
+    assert r.returncode != 0
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

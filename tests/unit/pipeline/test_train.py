@@ -1,0 +1,111 @@
+import csv
+
+import pytest
+import torch
+from conftest import kill_9_when
+from safetensors.torch import load_file
+
+from specgate.pipeline.train import train_drafter
+
+SETTINGS = dict(ttt_length=3, epochs=2, batch_tokens=1024, lr=3e-3, checkpoint_every=3, device="cpu", precision="fp32", seed=0)
+
+
+def _job(tiny_target, tiny_capture, out):
+    index, vocab = tiny_capture
+    return dict(capture_index=str(index), vocab_path=str(vocab), target_dir=str(tiny_target),
+                out_weights=str(out / "drafter.safetensors"), out_metrics=str(out / "metrics.csv"), **SETTINGS)  # fmt: skip
+
+
+def _schedule(total: int) -> list[float]:
+    """The learning rate logged after each of `total` steps: warmup 5% (the default), then cosine."""
+    from specgate.pipeline.train import cosine_with_warmup
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=SETTINGS["lr"])
+    sched = cosine_with_warmup(opt, int(0.05 * total), total)
+    out = []
+    for _ in range(total):
+        opt.step()
+        sched.step()
+        out.append(sched.get_last_lr()[0])
+    return out
+
+
+def test_training_learns_and_logs_metrics(tmp_path, tiny_target, tiny_capture):
+    train_drafter(**_job(tiny_target, tiny_capture, tmp_path))
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {"loss_0", "acc_0", "loss_2", "acc_2", "lr", "tokens_per_s", "tau_hat"} <= set(rows[0])
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    r = rows[-1]
+    acc = [float(r[f"acc_{k}"]) for k in range(3)]
+    assert float(r["tau_hat"]) == pytest.approx(1 + acc[0] + acc[0] * acc[1] + acc[0] * acc[1] * acc[2])
+    weights = load_file(tmp_path / "drafter.safetensors")
+    assert "midlayer.self_attn.q_proj.weight" in weights and weights["d2t"].dtype == torch.int64
+
+
+def test_resume_after_kill_9_ends_with_the_same_weights(tmp_path, tiny_target, tiny_capture):
+    ref = tmp_path / "ref"
+    train_drafter(**_job(tiny_target, tiny_capture, ref))
+
+    out = tmp_path / "killed"
+    ckpts = out / "checkpoints"
+    kill_9_when("specgate.pipeline.train", _job(tiny_target, tiny_capture, out), tmp_path / "job.json",
+                lambda: any(p.name == "step_3" for p in ckpts.glob("step_*")))  # fmt: skip
+    assert not (out / "drafter.safetensors").exists(), "the kill must land before the end"
+    steps = [int(p.name.split("_")[1]) for p in ckpts.glob("step_*") if ".tmp-" not in p.name]
+    assert steps and max(steps) >= 3
+
+    train_drafter(**_job(tiny_target, tiny_capture, out))  # resumes
+    got, want = load_file(out / "drafter.safetensors"), load_file(ref / "drafter.safetensors")
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+    with open(out / "metrics.csv") as f, open(ref / "metrics.csv") as g:
+        assert [r["step"] for r in csv.DictReader(f)] == [r["step"] for r in csv.DictReader(g)]
+
+
+def test_ranks_that_drift_apart_are_an_error():
+    from types import SimpleNamespace
+
+    from specgate.pipeline.train import check_ranks_agree
+
+    params = [torch.ones(3), torch.zeros(2)]
+    same = SimpleNamespace(num_processes=2, device="cpu", gather=lambda t: torch.cat([t, t]))
+    check_ranks_agree(params, same)
+    drifted = SimpleNamespace(num_processes=2, device="cpu", gather=lambda t: torch.cat([t, t + 0.5]))
+    with pytest.raises(RuntimeError, match="ranks' weights differ"):
+        check_ranks_agree(params, drifted)
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_train_one_model(tmp_path, tiny_target, tiny_capture):
+    from specgate.pipeline.train import run_training_job
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_drafter(**_job(tiny_target, tiny_capture, one))
+    run_training_job(2, **_job(tiny_target, tiny_capture, two))  # two ranks over gloo; fails if they drift
+    rows_one = list(csv.DictReader(open(one / "metrics.csv")))
+    rows_two = list(csv.DictReader(open(two / "metrics.csv")))
+    # batch_tokens is the global batch: two ranks take about as many steps as one (half a batch each)
+    assert abs(len(rows_two) - len(rows_one)) <= max(2, len(rows_one) // 10), (len(rows_one), len(rows_two))
+    assert float(rows_two[-1]["loss"]) < float(rows_two[0]["loss"])
+    # one schedule step per optimizer step on every rank (Accelerate's prepared scheduler took one per rank)
+    assert [float(r["lr"]) for r in rows_two] == pytest.approx(_schedule(len(rows_two)), rel=1e-6, abs=1e-12)
+    assert [float(r["lr"]) for r in rows_one] == pytest.approx(_schedule(len(rows_one)), rel=1e-6, abs=1e-12)
+    assert load_file(two / "drafter.safetensors").keys() == load_file(one / "drafter.safetensors").keys()
+
+
+def test_ranks_share_the_jobs_threads():
+    import os
+
+    from specgate.runtime import GPU_HOST_THREADS, THREAD_VARS, rank_env, rank_threads
+
+    assert rank_threads(2, {"OMP_NUM_THREADS": "32"}) == 16  # Snakemake's `threads`, split (it was 32 per rank)
+    assert rank_threads(8, {"OMP_NUM_THREADS": "4"}) == 1
+    assert rank_threads(2, {}) == max(1, (os.cpu_count() or 1) // 2)
+    assert rank_threads(2, {"OMP_NUM_THREADS": "32"}, on_gpu=True) == GPU_HOST_THREADS
+    assert rank_threads(8, {"OMP_NUM_THREADS": "8"}, on_gpu=True) == 1
+    # every variable Snakemake sets for a job's threads, not only OMP's (MKL's stayed at 32 per rank)
+    snakemake_job = {name: "32" for name in THREAD_VARS} | {"PATH": "/bin"}
+    env = rank_env(2, snakemake_job, on_gpu=False)
+    assert {env[name] for name in THREAD_VARS} == {"16"} and env["PATH"] == "/bin"

@@ -1,0 +1,140 @@
+"""The gate plugin against real SGLang source (0.5.15 and the newest release), on CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specgate.gate import Gate, GateConfig
+
+HERE = Path(__file__).parent
+
+
+def sglang_dirs() -> list[str | None]:
+    """SGLang installs to test: SPECGATE_SGLANG_DIRS (set by .ci/run), else an installed sglang."""
+    dirs = [d for d in os.environ.get("SPECGATE_SGLANG_DIRS", "").split(os.pathsep) if d]
+    if dirs:
+        return dirs
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("sglang")
+        if spec is not None and spec.origin is not None:  # a folder named sglang on sys.path is no SGLang
+            return [None]
+    except ValueError:
+        pass
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must provide SGLang for the plugin tests (SPECGATE_SGLANG_DIRS)")
+    return []
+
+
+def run_check(sglang_dir, gate, trace, script="check_plugin.py"):
+    env = dict(os.environ, SPECGATE_GATE=json.dumps(gate))
+    if sglang_dir:
+        env["PYTHONPATH"] = os.pathsep.join([sglang_dir, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(HERE / script), json.dumps(trace)],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    return result, proc.stdout
+
+
+@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
+@pytest.mark.parametrize(
+    "gate",
+    [
+        {"mode": "sglang-steps0", "num_steps": 3, "disable_at": 4},
+        {"mode": "sglang-steps0", "num_steps": 5, "disable_at": 8, "enable_at": 3, "min_dwell_steps": 2},
+    ],
+)
+def test_gate_decides_sglang_steps(sglang_dir, gate):
+    trace = [1, 2, 3, 4, 5, 9, 16, 7, 5, 4, 3, 2, 1, 1, 8, 8, 2, 1]
+    result, log = run_check(sglang_dir, gate, trace)
+    ref = Gate(GateConfig(gate["disable_at"], gate.get("enable_at"), gate.get("min_dwell_steps", 0)))
+    assert result["steps"] == [gate["num_steps"] if ref.decide(b) else 0 for b in trace]
+    assert 0 in result["steps"] and gate["num_steps"] in result["steps"]
+    assert result["ema"] == [None] * 50, "SGLang's acceptance EMA must not change steps"
+    assert "Executed general plugin: specgate_gate" in log  # found through the entry point
+    assert "specgate gate off at batch" in log
+
+
+def test_plugin_refuses_cleanly_without_the_hooked_api(tmp_path):
+    # an SGLang whose adaptive_spec_params lacks AdaptiveSpeculativeParams.get_steps_for_batch
+    pkg = tmp_path / "sglang" / "srt"
+    (pkg / "plugins").mkdir(parents=True)
+    (pkg / "speculative").mkdir()
+    for d in (tmp_path / "sglang", pkg, pkg / "speculative"):
+        (d / "__init__.py").write_text("")
+    (pkg / "plugins" / "__init__.py").write_text("")
+    (pkg / "plugins" / "hook_registry.py").write_text("class HookRegistry: pass\nclass HookType: AROUND = 'around'\n")
+    (pkg / "speculative" / "adaptive_spec_params.py").write_text("class AdaptiveSpeculativeParams:\n    pass\n")
+    code = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n" \
+           "from specgate.sglang.plugin import register; register()"  # fmt: skip
+    env = dict(os.environ, SPECGATE_GATE=json.dumps({"mode": "sglang-steps0", "disable_at": 4}), PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    lines = [line for line in out.splitlines() if "specgate gate plugin" in line]
+    assert len(lines) == 1 and "lacks ['get_steps_for_batch', 'on_verify_complete']" in lines[0]
+    assert "not installed" in lines[0]
+    # before SGLang configures logging (as when its plugin loader runs), the line still reaches stderr
+    code = "from specgate.sglang.plugin import register; register()"
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stderr
+    said = [line for line in err.splitlines() if line.startswith("[specgate] specgate gate plugin:")]
+    assert len(said) == 1 and "lacks ['get_steps_for_batch', 'on_verify_complete']" in said[0]
+
+
+def _srt(sglang_dir) -> Path:
+    if sglang_dir:
+        return Path(sglang_dir) / "sglang" / "srt"
+    from specgate.sglang.trueoff import sglang_source_dir
+
+    return sglang_source_dir()
+
+
+@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
+def test_true_off_hooks_registered_only_on_the_version_they_fit(sglang_dir):
+    from specgate.sglang.trueoff import RESULTS, SCHEDULER, SUPPORTED_VERSION, WORKER, contract_mismatch
+
+    mismatch = contract_mismatch(_srt(sglang_dir))
+    result, log = run_check(sglang_dir, {"disable_at": 4, "buffer_tokens": 16}, [], script="check_trueoff.py")
+    targets = {f"{WORKER}.init_cuda_graphs", f"{WORKER}.forward_batch_generation", f"{RESULTS}._resolve_spec_v2_tokens",
+               f"{SCHEDULER}.get_internal_state"}  # fmt: skip
+    if result["version"] == SUPPORTED_VERSION:
+        assert mismatch is None
+        assert {t: result["hooks"].get(t) for t in targets} == dict.fromkeys(targets, ["around"])
+        assert "true-off hooks registered" in log
+    else:  # a newer SGLang: refused cleanly, nothing hooked
+        assert mismatch and result["version"] in mismatch
+        assert not targets & set(result["hooks"])
+        assert "specgate true-off gate refused" in log
+
+
+def test_contract_names_the_first_internal_that_changed(tmp_path):
+    import shutil
+
+    from specgate.sglang.trueoff import CONTRACT, FIELDS, contract_mismatch, sglang_source_dir
+
+    dirs = [d for d in sglang_dirs() if d is None or "0.5.15" in d]
+    if not dirs:
+        pytest.skip("no SGLang 0.5.15")
+    src = _srt(dirs[0])
+    for rel in {**CONTRACT, **FIELDS}:  # copy just the files the contract reads
+        (tmp_path / "srt" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / rel, tmp_path / "srt" / rel)
+    srt = tmp_path / "srt"
+    assert contract_mismatch(srt, version="0.5.15") is None
+    assert "is not 0.5.15" in contract_mismatch(srt, version="0.5.16")
+    worker = srt / "speculative/eagle_worker_v2.py"
+    text = worker.read_text()
+    worker.write_text(text.replace("def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None)",
+                                   "def forward_batch_generation(self, batch: ScheduleBatch, grammar_barrier=None)"))  # fmt: skip
+    assert contract_mismatch(srt, version="0.5.15") == (
+        "speculative/eagle_worker_v2.py: EAGLEWorkerV2.forward_batch_generation takes "
+        "['self', 'batch', 'grammar_barrier'], expected ['self', 'batch', 'on_publish'] first"
+    )
+    (srt / "managers/utils.py").write_text("class GenerationBatchResult:\n    logits_output: int = 0\n")
+    worker.write_text(text)
+    assert "GenerationBatchResult.next_token_ids is missing" in contract_mismatch(srt, version="0.5.15")
+    assert sglang_source_dir is not None

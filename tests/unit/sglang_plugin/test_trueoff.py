@@ -1,0 +1,170 @@
+"""The true-off adapter's decisions, driven with stand-ins for SGLang's batch and worker objects.
+
+The SGLang side (the decode graph, the forward, the draft extend) runs only on a GPU; these tests
+cover what the adapter decides per step: which path a batch takes, when the draft catches up or
+flushes, the host mirror of the sequence lengths, and the acceptance counters."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from specgate.sglang.trueoff import TrueOffGate, unsupported
+
+
+class Mode:
+    def __init__(self, extend=False, idle=False):
+        self.extend, self.idle = extend, idle
+
+    def is_extend(self):
+        return self.extend
+
+    def is_idle(self):
+        return self.idle
+
+
+def make_batch(slots, lens, extend=False):
+    return SimpleNamespace(
+        forward_mode=Mode(extend=extend), is_extend_in_batch=False, reqs=list(slots),
+        req_pool_indices=torch.tensor(slots), req_pool_indices_cpu=torch.tensor(slots),
+        seq_lens=torch.tensor(lens), seq_lens_cpu=torch.tensor(lens), seq_lens_sum=sum(lens),
+        return_logprob=False, has_grammar=False, return_hidden_states=False,
+        spec_info=SimpleNamespace(bonus_tokens=torch.tensor(slots), topk_p=torch.zeros(len(slots), 1),
+                                  future_indices=torch.tensor(slots)))  # fmt: skip
+
+
+@pytest.fixture
+def gate():
+    g = TrueOffGate.__new__(TrueOffGate)
+    g.init_state({"disable_at": 4, "buffer_tokens": 3, "sync_free_seq_lens": True}, pool=8, aux_dim=2,
+                 dtype=torch.float32, device="cpu")  # fmt: skip
+    g.worker = "worker"
+    g.calls = []
+
+    def plain_step(batch, slots_cpu, on_publish):  # what the real one does to the buffers
+        g.buffers.append(batch.req_pool_indices, slots_cpu, batch.spec_info.bonus_tokens, torch.ones(len(slots_cpu), 2))
+        g.calls.append(("plain", len(batch.reqs)))
+        return SimpleNamespace(kind="plain")
+
+    def catch_up(batch, slots_cpu, full_only):
+        plan = g.buffers.plan(slots_cpu, batch.seq_lens_cpu.numpy(), full_only=full_only)
+        g.calls.append(("flush" if full_only else "catch_up", plan.slots.tolist() if plan else []))
+        if plan is not None:
+            g.buffers.reset(torch.from_numpy(plan.slots), plan.slots)
+
+    g.plain_step, g.catch_up = plain_step, catch_up
+    return g
+
+
+def original(worker, batch, on_publish):
+    return SimpleNamespace(kind="original")
+
+
+def test_paths_catch_up_flush_and_mirror(gate):
+    lens = {1: 10, 2: 20, 3: 30, 4: 5, 5: 7}
+    gate.forward(original, make_batch([1, 2, 3], [10, 20, 30], extend=True), None)  # prefill
+    assert gate.len_ok[[1, 2, 3]].all() and gate.len_cpu[[1, 2, 3]].tolist() == [10, 20, 30]
+
+    out = gate.forward(original, make_batch([1, 2, 3], [10, 20, 30]), None)  # 3 < 4: speculate
+    assert out.kind == "original" and not gate.len_ok[[1, 2, 3]].any()
+    lens.update({1: 12, 2: 21, 3: 33})  # accept lengths, known to the host only later
+
+    gate.forward(original, make_batch([4, 5], [5, 7], extend=True), None)  # two more requests
+    for _ in range(4):  # 5 running: off; the buffers (3 tokens) fill up after three steps
+        slots = [1, 2, 3, 4, 5]
+        out = gate.forward(original, make_batch(slots, [lens[s] for s in slots]), None)
+        assert out.kind == "plain"
+        assert gate.len_cpu[slots].tolist() == [lens[s] + 1 for s in slots] and gate.len_ok[slots].all()
+        for s in slots:
+            lens[s] += 1
+    assert ("flush", [1, 2, 3, 4, 5]) in gate.calls  # the fourth off step first empties the full rows
+    assert gate.buffers.n_cpu[[1, 2, 3, 4, 5]].tolist() == [1] * 5
+
+    out = gate.forward(original, make_batch([1, 2, 3], [lens[s] for s in (1, 2, 3)]), None)  # load falls: on
+    assert out.kind == "original" and gate.calls[-1] == ("catch_up", [1, 2, 3])
+    assert gate.buffers.n_cpu[[1, 2, 3]].tolist() == [0, 0, 0]
+    assert gate.buffers.n_cpu[[4, 5]].tolist() == [1, 1]  # not in this batch: caught up when next seen
+    c = gate.counters()
+    assert (c["plain_steps"], c["original_steps"], c["switches"]) == (4, 2, 2)
+
+
+def test_batches_needing_the_speculative_extras_keep_the_original_path(gate):
+    gate.forward(original, make_batch([1, 2, 3, 4, 5], [9] * 5, extend=True), None)
+    batch = make_batch([1, 2, 3, 4, 5], [9] * 5)
+    batch.return_logprob = True
+    assert gate.forward(original, batch, None).kind == "original"
+    assert gate.gate.on is False  # the gate still counted the step as off
+
+
+def test_sync_free_seq_lens_only_after_prefill_or_off_steps(gate):
+    waited = []
+    fmap = SimpleNamespace(needs_cpu_seq_lens=True, publish_ready=SimpleNamespace(wait=lambda: waited.append(1)),
+                           new_seq_lens_buf=torch.arange(100, 108))  # fmt: skip
+    gate.forward(original, make_batch([2, 6, 7, 1], [4, 5, 6, 7], extend=True), None)
+    for _ in range(2):
+        gate.forward(original, make_batch([2, 6, 7, 1], [4, 5, 6, 7]), None)  # 4 running: off
+    batch = make_batch([2, 6, 7, 1], [0, 0, 0, 0])
+    batch.seq_lens_cpu = None
+    assert gate.resolve_seq_lens(fmap, batch)
+    assert batch.seq_lens_cpu.tolist() == [5, 6, 7, 8] and batch.seq_lens_sum == 26 and waited == [1]
+    assert batch.seq_lens.tolist() == [102, 106, 107, 101]  # gathered on the device, as SGLang does
+    gate.forward(original, make_batch([2, 6], [5, 6]), None)  # on: accept lengths unknown on the host
+    assert not gate.resolve_seq_lens(fmap, make_batch([2, 6], [0, 0]))
+    assert not gate.resolve_seq_lens(SimpleNamespace(needs_cpu_seq_lens=False), make_batch([7], [0]))
+
+
+def test_acceptance_counts_speculative_steps_only(gate):
+    for resumed, drafts, stride in ((True, 3, 4), (False, 1, 4), (False, 0, 1)):
+        result = SimpleNamespace(speculative_num_draft_tokens=stride, num_correct_drafts=drafts, _specgate_resumed=resumed)
+        gate.count_accepted(result, SimpleNamespace(reqs=[0, 1]))
+    c = gate.counters()
+    assert (c["accept_length_resumed"], c["accept_length_steady"], c["accept_length_on"]) == (2.5, 1.5, 2.0)
+
+
+def test_unsupported_settings_are_named():
+    worker = SimpleNamespace(adaptive_controller=None, server_args=SimpleNamespace(speculative_eagle_topk=1),
+                             speculative_algorithm=SimpleNamespace(is_eagle3=lambda: True))  # fmt: skip
+    assert unsupported(worker) is None
+    worker.adaptive_controller = object()
+    assert "--speculative-adaptive" in unsupported(worker)
+    worker.adaptive_controller, worker.server_args.enable_mixed_chunk = None, True
+    assert unsupported(worker) == "mixed chunked prefill"
+
+
+def test_server_info_carries_the_counters_and_the_client_takes_level_deltas(gate, monkeypatch):
+    import specgate.sglang.trueoff as trueoff
+    from specgate.sweep.load_client import accept_length, gate_counters
+
+    hooks = trueoff.make_hooks({"disable_at": 4})
+    info_hook = hooks[f"{trueoff.SCHEDULER}.get_internal_state"]
+    original = lambda self, req: SimpleNamespace(internal_state={"avg_spec_accept_length": 1.1})  # noqa: E731
+    monkeypatch.setattr(trueoff, "_ACTIVE", None)
+    assert "specgate_gate" not in info_hook(original, "scheduler", "req").internal_state
+    monkeypatch.setattr(trueoff, "_ACTIVE", gate)
+
+    def server_info():
+        return {"internal_states": [info_hook(original, "scheduler", "req").internal_state]}
+
+    before = server_info()
+    gate.forward(lambda *a: SimpleNamespace(kind="original"), make_batch([1, 2], [5, 6]), None)  # on: 2 < 4
+    gate.count_accepted(SimpleNamespace(speculative_num_draft_tokens=4, num_correct_drafts=3, _specgate_resumed=False),
+                        SimpleNamespace(reqs=[1, 2]))  # fmt: skip
+    after = server_info()
+    assert gate_counters(after)["steps_on"] - gate_counters(before)["steps_on"] == 1
+    assert accept_length(before, after) == (2.5, "gate counters, speculative steps of this level")
+    assert accept_length({}, {"internal_states": [{"avg_spec_accept_length": 1.3}]}) == (1.3, "server cumulative average")
+
+
+def test_catch_up_lengths_come_from_the_host_mirror_when_the_batch_has_none(gate):
+    # triton keeps no host copy of seq_lens in spec v2: rows admitted while off still have exact lengths
+    gate.forward(original, make_batch([1, 2, 3, 4], [10, 20, 30, 40], extend=True), None)
+    no_host = make_batch([1, 2, 3, 4], [10, 20, 30, 40])
+    no_host.seq_lens_cpu = None
+    gate.forward(original, no_host, None)  # 4 running: off, one token each
+    nxt = make_batch([1, 2, 3, 4], [11, 21, 31, 41])
+    nxt.seq_lens_cpu, nxt.seq_lens = None, None  # a device read would fail here
+    assert gate.host_seq_lens(nxt, np.array([1, 2, 3, 4])).tolist() == [11, 21, 31, 41]
+    gate.len_ok[2] = False  # a row whose last step speculated has no exact host length
+    nxt.seq_lens = torch.tensor([11, 21, 31, 41])
+    assert gate.host_seq_lens(nxt, np.array([1, 2, 3, 4])).tolist() == [11, 21, 31, 41]  # read from the device

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from specgate.gate import GateConfig
+from specgate.sweep.launcher import ServeSettings, Variant, reference_command, sglang_command, variants
+
+
+def _flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_variants_cover_nospec_always_thresholds_and_hysteresis():
+    vs = variants([2, 8], [[8, 4]], [8])
+    assert [v.name for v in vs] == ["nospec", "always", "gate_2", "gate_8", "gate_8_4", "steps0_8"]
+    assert [v.gate_mode for v in vs if v.gated] == ["true-off"] * 3 + ["sglang-steps0"]
+
+
+def test_sglang_gated_command(tmp_path):
+    s = ServeSettings("/m/target", "/m/drafter", num_steps=3, max_running=128, tp=2, attention_backend="flashinfer",
+                      extra_args=["--mem-fraction-static", "0.8"], env={"NCCL_NVLS_ENABLE": "0"})  # fmt: skip
+    cmd, env = sglang_command(s, Variant("steps0_8", True, 8, None, 4, "sglang-steps0"), 31000, tmp_path)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert _flag(cmd, "--speculative-algorithm") == "EAGLE3" and _flag(cmd, "--speculative-draft-model-path") == "/m/drafter"
+    assert _flag(cmd, "--speculative-num-steps") == "3" and _flag(cmd, "--speculative-eagle-topk") == "1"
+    assert _flag(cmd, "--speculative-num-draft-tokens") == "4"
+    assert _flag(cmd, "--max-running-requests") == "128" and _flag(cmd, "--tp-size") == "2"
+    assert _flag(cmd, "--attention-backend") == "flashinfer" and cmd[-2:] == ["--mem-fraction-static", "0.8"]
+    adaptive = json.loads(open(_flag(cmd, "--speculative-adaptive-config")).read())
+    assert adaptive == {"1": {"candidate_steps": [0, 3]}}
+    gate = json.loads(env["SPECGATE_GATE"])
+    assert gate == {"mode": "sglang-steps0", "num_steps": 3, "disable_at": 8, "enable_at": None, "min_dwell_steps": 4}
+    GateConfig(gate["disable_at"], gate["enable_at"], gate["min_dwell_steps"])  # the plugin accepts it
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_sglang_true_off_gate_needs_no_adaptive_tier(tmp_path):
+    s = ServeSettings("/m/target", "/m/drafter", num_steps=3, gate_buffer_tokens=48)
+    cmd, env = sglang_command(s, Variant("gate_8", True, 8), 31000, tmp_path)
+    assert "--speculative-adaptive" not in cmd and _flag(cmd, "--speculative-num-steps") == "3"
+    assert json.loads(env["SPECGATE_GATE"]) == {"mode": "true-off", "num_steps": 3, "disable_at": 8, "enable_at": None,
+                                                "min_dwell_steps": 0, "buffer_tokens": 48}  # fmt: skip
+    with pytest.raises(ValueError, match="always a true off"):
+        reference_command(s, Variant("steps0_8", True, 8, gate_mode="sglang-steps0"), 1)
+
+
+def test_sglang_nospec_and_always(tmp_path):
+    s = ServeSettings("/m/target", "/m/drafter")
+    nospec, env = sglang_command(s, Variant("nospec", False), 1, tmp_path)
+    assert "--speculative-algorithm" not in nospec and "SPECGATE_GATE" not in env
+    always, env = sglang_command(s, Variant("always", True), 1, tmp_path)
+    assert "--speculative-adaptive" not in always and "SPECGATE_GATE" not in env
+
+
+def test_reference_command_mirrors_the_settings():
+    s = ServeSettings("/m/target", "/m/drafter", num_steps=5, max_running=16)
+    cmd, _ = reference_command(s, Variant("gate_4_2", True, 4, 2), 31001)
+    assert cmd[1:4] == ["-m", "specgate.cli", "serve"]
+    assert _flag(cmd, "--draft") == "/m/drafter" and _flag(cmd, "--num-steps") == "5"
+    assert _flag(cmd, "--disable-at") == "4" and _flag(cmd, "--enable-at") == "2" and _flag(cmd, "--max-running") == "16"
+    nospec, _ = reference_command(s, Variant("nospec", False), 1)
+    assert "--draft" not in nospec
+
+
+def test_a_tp_that_cannot_split_the_heads_fails_before_launch(tmp_path):
+    from specgate.sweep.launcher import check_tensor_parallel
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for d, heads in ((target, 9), (draft, 8)):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"num_attention_heads": heads}))
+    check_tensor_parallel(1, target, draft)
+    check_tensor_parallel(3, target, None)
+    with pytest.raises(ValueError, match=r"serve.tp = 2: .*target/config.json has num_attention_heads = 9"):
+        check_tensor_parallel(2, target, draft)
+    with pytest.raises(ValueError, match=r"serve.tp = 3: .*draft/config.json has num_attention_heads = 8"):
+        check_tensor_parallel(3, target, draft)

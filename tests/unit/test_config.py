@@ -1,0 +1,62 @@
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import REPO, with_local_target_dir
+
+from specgate.config import SCHEMA, ConfigError, load_config, validate_config
+
+
+@pytest.fixture
+def default():
+    return yaml.safe_load((REPO / "config/config.yaml").read_text())
+
+
+def test_default_config_is_valid_and_complete(default):
+    cfg = validate_config(default, SCHEMA)
+    assert cfg["target"]["source"] == "gguf_wheel"
+    assert cfg["capture"]["batch_tokens"] > 0
+
+
+def test_every_example_config_is_valid(tmp_path):
+    for path in sorted((REPO / "config/examples").glob("*.yaml")):
+        cfg = with_local_target_dir(yaml.safe_load(path.read_text()), tmp_path)
+        (tmp_path / path.name).write_text(yaml.safe_dump(cfg))
+        load_config(tmp_path / path.name, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["capture"].update(batch_tokens="many"), "config key 'capture.batch_tokens': 'many' is not of type 'integer'"),
+        (lambda c: c["capture"].update(bacth_tokens=4), "config key 'capture.bacth_tokens': unknown key"),
+        (lambda c: c.update(extra={}), "config key 'extra': unknown key"),
+        (lambda c: c.pop("vocab"), "config key 'vocab': required but missing"),
+        (lambda c: c["data"]["sources"][1].update(kind="csv"), "config key 'data.sources[1].kind': 'csv' is not one of"),
+        (lambda c: c["data"]["sources"][0].update(path="/no/such/file.json"), "config key 'data.sources[0].path': path does not exist"),
+        (lambda c: c["target"].update(source="hf_dir"), "config key 'target.path': required when target.source is hf_dir"),
+        (lambda c: c["vocab"].update(draft_vocab_size=0), "config key 'vocab.draft_vocab_size': 0 is less than the minimum"),
+    ],
+)
+def test_errors_name_the_key(default, edit, message):
+    cfg = copy.deepcopy(default)
+    edit(cfg)
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, SCHEMA)
+    assert message in str(err.value)
+
+
+def test_snakemake_refuses_a_bad_config_before_any_job(tmp_path, default):
+    cfg = copy.deepcopy(default)
+    cfg["capture"]["shard_tokens"] = -1
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+         "--configfile", str(tmp_path / "bad.yaml"), "--cores", "1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "config key 'capture.shard_tokens': -1 is less than the minimum of 1" in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,247 @@
+"""Real Snakemake runs on a tiny config: full chain, no-op rerun, and rerun granularity."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import REPO, with_local_target_dir, write_conversations
+
+pytestmark = pytest.mark.slow
+
+
+def snakemake(workdir, *args, env=None):
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+         "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def planned_counts(output: str) -> dict[str, int]:
+    """Rule name -> job count, from the 'Job stats' table of a dry run."""
+    if "Nothing to be done" in output:
+        return {}
+    table = output.split("Job stats:")[1].split("total")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+
+
+def planned_jobs(output: str) -> set[str]:
+    """Rule names in the 'Job stats' table of a dry run."""
+    return set(planned_counts(output)) - {"job"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tiny_llama_dir):
+    work = tmp_path_factory.mktemp("workflow")
+    chats = write_conversations(work / "chats.jsonl", 60)
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config["run_name"] = "tiny"
+    config["device"] = "cpu"
+    config["target"] = {"source": "hf_dir", "path": str(tiny_llama_dir), "dtype": "float32"}
+    config["data"]["sources"] = [
+        {"name": "chats", "kind": "jsonl", "path": str(chats), "train": 40, "eval": 10},
+        {"name": "humaneval", "kind": "humaneval", "train": 8, "eval": 4},
+    ]
+    config["tokenize"]["max_length"] = 128
+    config["capture"] |= {"batch_tokens": 512, "shard_tokens": 2048}
+    config["vocab"]["draft_vocab_size"] = 512
+    config["train"] |= {"ttt_length": 2, "epochs": 1, "batch_tokens": 1024, "checkpoint_every": 5}
+    config["acceptance"] |= {"num_steps": [2], "max_new_tokens": 8, "prompts_per_source": 2, "batch_size": 2}
+    config["serve"] = {"num_steps": 2, "max_running": 4, "max_len": 512, "ready_timeout": 120}
+    config["bench"] = {"thresholds": [2], "concurrency": [1, 2], "min_requests": 2, "requests_per_concurrency": 1,
+                       "warmup_requests": 1, "prompts": 6, "max_tokens": 8}  # fmt: skip
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    # A private copy of the package, first on PYTHONPATH, so the test can edit its code.
+    shutil.copytree(REPO / "src/specgate", work / "pkg/specgate")
+    env = dict(os.environ, PYTHONPATH=f"{work / 'pkg'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    snakemake(work, "results/report.md", env=env)
+    return work, env
+
+
+def test_full_chain_builds_every_artifact(workdir):
+    work, _ = workdir
+    for path in ["results/target/manifest.json", "results/data/summary.json", "results/tokens/train.safetensors",
+                 "results/capture/index.json", "results/vocab/vocab.safetensors", "results/train/metrics.csv",
+                 "results/drafter/model.safetensors", "results/acceptance.csv", "results/report.md"]:  # fmt: skip
+        assert (work / path).exists(), path
+    report = (work / "results/report.md").read_text()
+    for section in ["## Hidden-state capture", "## Draft vocabulary", "## Drafter training", "## Acceptance length",
+                    "## Threshold sweep", "## Envelope efficiency", "## Recommended threshold", "## Cost model"]:  # fmt: skip
+        assert section in report
+    assert "## Recommended threshold\n\n**" in report and "(gate_2)" in report
+    for rule in ["target", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance", "report",
+                 "bench/nospec", "bench/always", "bench/gate_2"]:  # fmt: skip
+        assert (work / f"results/logs/{rule}.log").exists(), rule
+    for variant in ["nospec", "always", "gate_2"]:
+        summary = (work / f"results/bench/{variant}.csv").read_text().splitlines()
+        assert len(summary) == 3 and summary[0].startswith("variant,engine,server_version,disable_at")
+        assert len((work / f"results/bench/{variant}.jsonl").read_text().splitlines()) == 2 + 2
+    for plot in ["training", "throughput", "latency", "envelope", "cost_model"]:
+        assert (work / f"results/report/{plot}.png").read_bytes()[:4] == b"\x89PNG"
+    # no server outlives the workflow
+    assert "specgate.cli serve" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_second_run_has_nothing_to_do(workdir):
+    work, env = workdir
+    assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
+
+
+def test_capture_param_reruns_capture_and_nothing_upstream(workdir):
+    work, env = workdir
+    cfg_path = work / "config.yaml"
+    original = cfg_path.read_text()
+    cfg = yaml.safe_load(original)
+    cfg["capture"]["dtype"] = "float32"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    try:
+        planned = planned_jobs(snakemake(work, "-n", "results/report.md", env=env)) - {"all"}
+        assert planned == {"capture"} | DOWNSTREAM_OF_CAPTURE
+    finally:
+        cfg_path.write_text(original)
+    assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
+
+
+DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "bench", "report"}
+
+
+@pytest.mark.parametrize(
+    "module, stages",
+    [
+        ("pipeline/export", {"export", "acceptance", "bench", "report"}),
+        ("sweep/load_client", {"bench", "report"}),
+        ("report/cost_model", {"report"}),
+        ("pipeline/vocab", {"vocab"} | DOWNSTREAM_OF_CAPTURE),
+        ("pipeline/capture", {"capture"} | DOWNSTREAM_OF_CAPTURE),
+        # train imports capture (batch planning): editing either reruns training
+        ("pipeline/train", DOWNSTREAM_OF_CAPTURE),
+        # tokenize holds the tokenized-set reader that capture and vocab use
+        ("pipeline/tokenize", {"tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
+        # the chat helpers: tokenization, and the prompts of acceptance and the servers
+        ("model/chat", {"tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
+        # a new data output makes every downstream stage rerun too
+        ("pipeline/data", {"data", "tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
+        ("engine/reference", {"bench", "report"}),
+    ],
+)
+def test_editing_a_module_reruns_exactly_its_stages(workdir, module, stages):
+    work, env = workdir
+    source = work / "pkg/specgate" / f"{module}.py"
+    original = source.read_text()
+    source.write_text(original + "\n\ndef _edited_by_test():\n    return 1\n")
+    try:
+        jobs = planned_jobs(snakemake(work, "-n", "results/report.md", env=env))
+    finally:
+        source.write_text(original)
+    assert jobs - {"all"} == stages
+    # a comment-only edit is not a code change
+    source.write_text(original + "\n# a comment\n")
+    try:
+        assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
+    finally:
+        source.write_text(original)
+
+
+def reordered(obj):
+    """The same data with every mapping's keys in reverse order."""
+    if isinstance(obj, dict):
+        return {k: reordered(obj[k]) for k in sorted(obj, reverse=True)}
+    if isinstance(obj, list):
+        return [reordered(v) for v in obj]
+    return obj
+
+
+@pytest.mark.parametrize("sort_keys", [True, False])
+def test_the_same_config_in_another_key_order_reruns_nothing(workdir, sort_keys):
+    work, env = workdir
+    cfg_path = work / "config.yaml"
+    original = cfg_path.read_text()
+    cfg = yaml.safe_load(original)
+    cfg_path.write_text(yaml.safe_dump(cfg if sort_keys else reordered(cfg), sort_keys=sort_keys))
+    try:
+        assert cfg_path.read_text() != original or sort_keys
+        assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
+    finally:
+        cfg_path.write_text(original)
+
+
+def test_unlock_works_as_snakemake_says(workdir):
+    """After a killed run Snakemake says to run `snakemake --unlock`; it takes no --cores."""
+    work, env = workdir
+    locks = work / ".snakemake/locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    (locks / "0.output.lock").write_text("results/report.md\n")  # as a killed run leaves it
+    blocked = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work), "--configfile",
+         str(work / "config.yaml"), "--cores", "2", "--forcerun", "report", "results/report.md"],
+        capture_output=True, text=True, env=env)  # fmt: skip
+    assert blocked.returncode != 0 and "--unlock" in blocked.stdout + blocked.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work), "--configfile",
+         str(work / "config.yaml"), "--unlock"], capture_output=True, text=True, env=env)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert not any(locks.iterdir())
+    assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
+
+
+def test_a_new_threshold_runs_only_its_own_server(workdir):
+    work, env = workdir
+    cfg_path = work / "config.yaml"
+    original = cfg_path.read_text()
+    cfg = yaml.safe_load(original)
+    cfg["bench"]["thresholds"] = [2, 3]
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    try:
+        out = snakemake(work, "-n", "results/report.md", env=env)
+        assert planned_counts(out) == {"bench": 1, "report": 1}
+        assert "results/bench/gate_3.csv" in out and "results/bench/gate_2.csv" not in out.split("rule report")[0]
+    finally:
+        cfg_path.write_text(original)
+
+
+def test_archive_rebuilds_the_same_report_elsewhere(workdir, tmp_path):
+    work, env = workdir
+    snakemake(work, env=env)  # the default target: report and archive
+    assert "Nothing to be done" in snakemake(work, "-n", env=env)
+    archives = list((work / "results/archive").glob("tiny-*.tar.gz"))
+    assert len(archives) == 1
+    proc = subprocess.run([sys.executable, "-m", "specgate.cli", "rebuild-report", str(archives[0]), str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    root = tmp_path / archives[0].name.removesuffix(".tar.gz")
+    for meta in ["config.yaml", "pip-freeze.txt", "detailed-summary.tsv", "git.txt"]:
+        assert (root / "meta" / meta).stat().st_size > 0, meta
+    assert (root / "results/drafter/model.safetensors").exists()
+    assert not (root / "results/target/model.safetensors").exists()  # the target is named by its manifest only
+    rebuilt = (root / "results/report.md").read_text()
+    archived = (root / "results/report.archived.md").read_text()
+    tables = lambda text: [line for line in text.splitlines() if line.startswith("|")]  # noqa: E731
+    assert len(tables(rebuilt)) > 40 and tables(rebuilt) == tables(archived)
+    assert rebuilt == archived
+
+
+def test_snakemake_report_packs_the_plots(workdir):
+    work, env = workdir
+    snakemake(work, "--report", str(work / "report.html"), env=env)
+    html = (work / "report.html").read_text(errors="replace")
+    for name in ["throughput.png", "envelope.png", "cost_model.png", "The envelope efficiency of a variant"]:
+        assert name in html, name
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "config/examples").glob("*.yaml")))
+def test_every_example_config_plans_the_whole_chain(tmp_path, example):
+    cfg = with_local_target_dir(yaml.safe_load((REPO / "config/examples" / example).read_text()), tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    counts = planned_counts(snakemake(tmp_path, "-n"))
+    bench = cfg["bench"]
+    variants = 2 + len(bench.get("thresholds", [2, 4, 8])) + len(bench.get("hysteresis", []))
+    variants += len(bench.get("steps0_thresholds", []))
+    assert counts["bench"] == variants and counts["report"] == counts["archive"] == 1
+    assert {"capture", "train", "export", "acceptance"} <= set(counts)

@@ -1,0 +1,25 @@
+# The target writes the replies the drafter learns from (data.regenerate.enabled).
+# Shards live in results/data/regen_shards/, not declared, so a killed run resumes.
+rule regenerate:
+    input:
+        conversations=paths.DATA_TRAIN,
+        target=paths.TARGET,
+    output:
+        conversations=paths.REGEN_TRAIN,
+        summary=paths.REGEN_SUMMARY,
+    log:
+        paths.log("regenerate"),
+    benchmark:
+        paths.stage_times("regenerate")
+    conda:
+        "../../envs/specgate.yaml"
+    threads: all_cores
+    params:
+        regenerate={
+            k: v for k, v in config["data"]["regenerate"].items() if k != "enabled"
+        },
+        seed=config["seed"],
+        device=config["device"],
+        code=fingerprint("pipeline.regenerate"),
+    script:
+        "../scripts/regenerate.py"

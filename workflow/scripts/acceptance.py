@@ -1,0 +1,13 @@
+from specgate.pipeline.acceptance import measure_acceptance
+from specgate.files import stage_log
+
+with stage_log(snakemake.log[0]):
+    measure_acceptance(
+        snakemake.input.target,
+        snakemake.input.drafter,
+        snakemake.input.eval,
+        snakemake.input.metrics,
+        snakemake.output[0],
+        device=snakemake.params.device,
+        **snakemake.params.acceptance,
+    )

@@ -1,0 +1,12 @@
+from specgate.pipeline.data import prepare_data
+from specgate.files import stage_log
+
+with stage_log(snakemake.log[0]):
+    prepare_data(
+        snakemake.params.sources,
+        snakemake.params.filters,
+        snakemake.params.seed,
+        train_out=snakemake.output.train,
+        eval_out=snakemake.output.eval,
+        summary_out=snakemake.output.summary,
+    )

@@ -1,0 +1,10 @@
+from specgate.pipeline.export import export_drafter
+from specgate.files import stage_log
+
+with stage_log(snakemake.log[0]):
+    export_drafter(
+        snakemake.input.weights,
+        snakemake.output[0],
+        snakemake.input.target,
+        snakemake.params.dtype,
+    )

@@ -1,5 +1,0 @@
-from specgate.files import stage_log
-from specgate.target import materialize_target
-
-with stage_log(snakemake.log[0]):
-    materialize_target(snakemake.output[0], **snakemake.params.target)
