@@ -8,8 +8,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def with_local_target_dir(cfg: dict, tmp_path: Path) -> dict:
-    """An example config whose target is a directory on the GPU host (h200x2-tp2: made there by
-    gpu/make_even_target.py) points at an empty temp dir instead, so that it validates here."""
+    """An example config whose target is a local directory (source hf_dir) on the host it was written
+    for points at an empty temp dir instead, so that it validates on any machine."""
     if cfg["target"]["source"] == "hf_dir":
         (tmp_path / "hf_target").mkdir(exist_ok=True)
         cfg["target"]["path"] = str(tmp_path / "hf_target")
@@ -77,8 +77,8 @@ def tiny_target(tmp_path_factory, tiny_llama_dir):
 
 @pytest.fixture(scope="session")
 def tiny_tokens(tmp_path_factory, tiny_target):
-    from specgate.pipeline.tokenize import tokenize_dataset
     from specgate.pipeline.data import prepare_data
+    from specgate.pipeline.tokenize import tokenize_dataset
 
     d = tmp_path_factory.mktemp("tokens")
     chats = write_conversations(d / "chats.jsonl", 400)

@@ -51,8 +51,8 @@ def _serve(args) -> int:
     import logging
 
     from specgate.engine.reference import Engine, EngineConfig
-    from specgate.gate import GateConfig
     from specgate.engine.server import serve
+    from specgate.gate import GateConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps)

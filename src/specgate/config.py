@@ -9,7 +9,6 @@ from pathlib import Path
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-
 # Ships inside the package, so `specgate validate-config` works from an installed wheel.
 SCHEMA = Path(__file__).with_name("config.schema.yaml")
 

@@ -15,8 +15,9 @@ import os
 import shutil
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 TMP_MARK = ".tmp-"
 

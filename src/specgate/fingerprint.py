@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -49,7 +49,7 @@ def _exists(name: str) -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parsed(name: str) -> tuple[str, frozenset[str]]:
     tree = ast.parse(_module_path(name).read_text())
     return ast.dump(tree, include_attributes=False), frozenset(_local_imports(tree, name))

@@ -1,12 +1,14 @@
 import copy
+import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import yaml
 from conftest import REPO, with_local_target_dir
 
-from specgate.config import SCHEMA, ConfigError, load_config, validate_config
+from specgate.config import SCHEMA, ConfigError, check_gpu_count, load_config, validate_config
 
 
 @pytest.fixture
@@ -60,3 +62,51 @@ def test_snakemake_refuses_a_bad_config_before_any_job(tmp_path, default):
     assert proc.returncode != 0
     assert "config key 'capture.shard_tokens': -1 is less than the minimum of 1" in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("stage", ["capture", "train"])
+def test_more_processes_than_gpus_is_a_config_error(default, stage):
+    cfg = validate_config(default)
+    cfg["device"], cfg[stage]["num_processes"] = "cuda", 2
+    with pytest.raises(ConfigError, match=rf"config key '{stage}.num_processes': 2 processes, one per GPU, but 1 GPU is visible"):
+        check_gpu_count(cfg, visible=1)
+    check_gpu_count(cfg, visible=2)  # enough GPUs
+    check_gpu_count(cfg, visible=0)  # no GPU: the ranks are CPU processes
+    cfg["device"] = "cpu"
+    check_gpu_count(cfg, visible=1)  # CPU ranks asked for explicitly
+
+
+def test_snakemake_refuses_more_processes_than_gpus_before_any_job(tmp_path, default):
+    """One line naming the key, before any job, on a host whose torch sees one GPU."""
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake/sitecustomize.py").write_text("import torch\ntorch.cuda.device_count = lambda: 1\n")
+    cfg = copy.deepcopy(default)
+    cfg["device"] = "cuda"
+    cfg["train"]["num_processes"] = 2
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+         "--configfile", str(tmp_path / "two.yaml"), "--cores", "1"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")},
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "config key 'train.num_processes': 2 processes, one per GPU, but 1 GPU is visible" in out
+    assert "Traceback" not in out and not (tmp_path / "results").exists()
+
+
+def test_validate_config_works_from_an_installed_wheel(tmp_path):
+    """The schema ships inside the package: no checkout needed."""
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(tmp_path / "dist"), str(REPO)], capture_output=True, text=True)  # fmt: skip
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("specgate-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    (tmp_path / "cfg.yaml").write_text((REPO / "config/config.yaml").read_text())
+    proc = subprocess.run([sys.executable, "-c", "import sys; from specgate.cli import main; sys.exit(main())",
+                           "validate-config", "cfg.yaml"], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(site)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "cfg.yaml: valid"

@@ -1,10 +1,14 @@
 """Real Snakemake runs on a tiny config: full chain, no-op rerun, and rerun granularity."""
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -245,3 +249,67 @@ def test_every_example_config_plans_the_whole_chain(tmp_path, example):
     variants += len(bench.get("steps0_thresholds", []))
     assert counts["bench"] == variants and counts["report"] == counts["archive"] == 1
     assert {"capture", "train", "export", "acceptance"} <= set(counts)
+
+
+def _descendants(root: int) -> set[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" ", 1)
+            parents[int(pid)] = int(rest.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def test_sigkill_of_snakemake_stops_the_bench_job_and_its_server(workdir, tmp_path):
+    """Snakemake killed alone (SIGKILL, no signal reaches its jobs): the bench job must stop its
+    server and exit within a few seconds, not run its levels to the end."""
+    work, env = workdir
+    copy = tmp_path / "copy"
+    shutil.copytree(work, copy, symlinks=True, ignore=shutil.ignore_patterns("archive"))
+    cfg = yaml.safe_load((copy / "config.yaml").read_text())
+    cfg["bench"] |= {"concurrency": [1], "requests_per_concurrency": 500, "min_requests": 500}  # minutes of work
+    (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(copy),
+         "--configfile", str(copy / "config.yaml"), "--cores", "2", "results/bench/nospec.csv"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
+    try:
+        server_log = copy / "results/logs/bench/nospec.server.log"
+        deadline = time.monotonic() + 180
+        while b"/v1/chat/completions" not in (server_log.read_bytes() if server_log.exists() else b""):
+            assert proc.poll() is None and time.monotonic() < deadline, "the bench job did not start measuring"
+            time.sleep(0.5)
+        time.sleep(2)  # the level is running
+        job = _descendants(proc.pid)
+        assert any(b"serve" in Path(f"/proc/{p}/cmdline").read_bytes() for p in _alive(job)), "no server found"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _alive(job) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in _alive(job)}
+        assert not left, f"still running 10 s after Snakemake was killed: {left}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _alive(_descendants(proc.pid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

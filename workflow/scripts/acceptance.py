@@ -1,5 +1,5 @@
-from specgate.pipeline.acceptance import measure_acceptance
 from specgate.files import stage_log
+from specgate.pipeline.acceptance import measure_acceptance
 
 with stage_log(snakemake.log[0]):
     measure_acceptance(

@@ -1,5 +1,5 @@
-from specgate.report.archive import write_archive
 from specgate.files import stage_log
+from specgate.report.archive import write_archive
 
 with stage_log(snakemake.log[0]):
     inputs = dict(snakemake.input.items())

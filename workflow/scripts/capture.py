@@ -1,5 +1,5 @@
-from specgate.pipeline.capture import run_capture_job
 from specgate.files import stage_log
+from specgate.pipeline.capture import run_capture_job
 
 with stage_log(snakemake.log[0]):
     run_capture_job(

@@ -1,5 +1,5 @@
-from specgate.pipeline.data import prepare_data
 from specgate.files import stage_log
+from specgate.pipeline.data import prepare_data
 
 with stage_log(snakemake.log[0]):
     prepare_data(

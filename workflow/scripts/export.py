@@ -1,5 +1,5 @@
-from specgate.pipeline.export import export_drafter
 from specgate.files import stage_log
+from specgate.pipeline.export import export_drafter
 
 with stage_log(snakemake.log[0]):
     export_drafter(

@@ -1,5 +1,5 @@
-from specgate.pipeline.tokenize import tokenize_dataset
 from specgate.files import stage_log
+from specgate.pipeline.tokenize import tokenize_dataset
 
 with stage_log(snakemake.log[0]):
     tokenize_dataset(

@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 # Not cuDNN: its SDPA builds a graph on the host for each new key width, which changes every decode
 # step. On an H200 that was 2.4 ms of CPU per call against 0.05 ms on the GPU: acceptance ran at
-# 140 ms per step at batch 64, with 7 ms of GPU work; 34 ms without it (gpu/profile_acceptance.py).
+# 140 ms per step at batch 64, with 7 ms of GPU work; 34 ms without it (benchmarks/acceptance_step.py).
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

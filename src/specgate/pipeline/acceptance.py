@@ -12,8 +12,8 @@ import logging
 import time
 from collections import defaultdict
 
-from specgate.model.chat import eos_ids, prompt_ids
 from specgate.files import atomic_path, read_jsonl
+from specgate.model.chat import eos_ids, prompt_ids
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder, generate_batch, load_drafter
 

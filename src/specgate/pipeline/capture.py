@@ -29,8 +29,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from specgate.pipeline.tokenize import TokenizedDataset
 from specgate.files import ShardDir, atomic_path, sha256_file, stable_hash, write_json
+from specgate.pipeline.tokenize import TokenizedDataset
 from specgate.runtime import keep_freed_memory, run_data_parallel, worker_main
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,8 @@ def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 def balanced_shard_tokens(total: int, shard_tokens: int, world: int) -> int:
     """Shard size for `total` tokens: at most shard_tokens, with a shard count that is a multiple
-    of the ranks, so each rank captures the same number of tokens. (On the x2 host, 1.6M tokens in
-    shards of at most 1M came out as 1.07M + 0.54M, and one GPU sat idle half the time.)"""
+    of the ranks, so each rank captures the same number of tokens. (Without this, 1.6M tokens in
+    shards of at most 1M come out as 1.07M + 0.54M on two GPUs, and one GPU sits idle half the time.)"""
     n_shards = -(-max(1, -(-total // shard_tokens)) // world) * world
     return max(1, -(-total // n_shards))
 

@@ -13,9 +13,9 @@ import logging
 import random
 import re
 from collections import Counter
+from collections.abc import Iterator
 from importlib.metadata import distribution
 from pathlib import Path
-from typing import Iterator
 
 from specgate.files import write_json, write_jsonl
 

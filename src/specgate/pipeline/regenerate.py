@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specgate.model.chat import eos_ids, prompt_ids
 from specgate.files import ShardDir, read_jsonl, sha256_file, stable_hash, write_json, write_jsonl
+from specgate.model.chat import eos_ids, prompt_ids
 from specgate.model.llama import LlamaRunner
-from specgate.runtime import keep_freed_memory, pick_device
 from specgate.model.spec_decode import Request, SpecDecoder, generate_batch
+from specgate.runtime import keep_freed_memory, pick_device
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from specgate.pipeline.capture import plan_batches
-from specgate.model.drafter import Eagle3Drafter, drafter_config, ttt_attention
 from specgate.files import TMP_MARK, ShardDir, atomic_path, sha256_file, stable_hash
-from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, run_data_parallel, worker_main
+from specgate.model.drafter import Eagle3Drafter, drafter_config, ttt_attention
+from specgate.pipeline.capture import plan_batches
+from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, pick_device, run_data_parallel, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def train_drafter(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     keep_freed_memory()
-    accelerator = Accelerator(cpu=device == "cpu")
+    accelerator = Accelerator(cpu=pick_device(device).type == "cpu")  # "auto" on a host without GPUs: CPU ranks
     if accelerator.device.type == "cuda":
         limit_gpu_host_threads()
     if precision == "auto":  # the spec's default: bf16 autocast on GPU, fp32 on CPU

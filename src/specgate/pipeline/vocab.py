@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from specgate.pipeline.tokenize import TokenizedDataset
 from specgate.files import atomic_path, write_json
+from specgate.pipeline.tokenize import TokenizedDataset
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from specgate.report import cost_model as cm
-from specgate.report import plots
 from specgate import layout
 from specgate.files import atomic_path, write_json
+from specgate.report import cost_model as cm
+from specgate.report import plots
 from specgate.report.provenance import provenance as collect_provenance
 
 

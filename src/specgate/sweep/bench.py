@@ -15,10 +15,10 @@ import urllib.request
 import pandas as pd
 from tqdm import tqdm
 
-from specgate.sweep.load_client import bench_prompts, sweep_levels
 from specgate.files import atomic_path, read_jsonl, write_jsonl
 from specgate.sweep.launcher import ServeSettings, Variant, check_tensor_parallel, reference_command, sglang_command, variants
-from specgate.sweep.managed_server import ManagedServer, free_port
+from specgate.sweep.load_client import bench_prompts, sweep_levels
+from specgate.sweep.managed_server import ManagedServer, exit_when_orphaned, free_port
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
     `on_ready(url, model, prompts)`, if given, runs once the server is up, before the levels."""
     from specgate.runtime import pick_device
 
+    exit_when_orphaned()  # a job whose Snakemake was killed stops its server and exits
     variant = Variant(**variant)
     name = variant.name
     device = str(pick_device(device))

@@ -6,6 +6,10 @@ after a grace period). If the parent dies without cleaning up (SIGKILL), two thi
 still stop the server: the kernel sends the server SIGKILL (PR_SET_PDEATHSIG), and a
 watchdog process in the server's group kills the group, which covers the server's own
 children (SGLang's scheduler and detokenizer processes).
+
+A benchmark job whose own parent dies (Snakemake killed with SIGKILL) must not go on
+measuring to an empty room: `exit_when_orphaned()` stops every server of this process
+and exits within about a second of the parent's death.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -56,6 +61,56 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+_LIVE: set[ManagedServer] = set()  # started and not yet stopped, for exit_when_orphaned
+
+
+def _owner_pid() -> int:
+    """The nearest ancestor that runs Snakemake (a job may sit under a shell), else the parent."""
+    pid = os.getppid()
+    for _ in range(4):
+        try:
+            if b"snakemake" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+    return os.getppid()
+
+
+def exit_when_orphaned(poll_s: float = 0.5) -> threading.Thread:
+    """Watch the process that started this one; when it is gone, kill this process's servers and exit.
+
+    Signals cannot do this: a SIGKILLed Snakemake sends none, and the job is reparented to init.
+    """
+    owner, parent = _owner_pid(), os.getppid()
+
+    def gone() -> bool:
+        if os.getppid() != parent:  # reparented: the direct parent died
+            return True
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(poll_s)
+        print(f"specgate: parent process {owner} is gone; stopping {len(_LIVE)} server(s) and exiting",
+              file=sys.__stderr__, flush=True)  # fmt: skip
+        for server in list(_LIVE):
+            server.kill_group(grace=2)
+        os._exit(128 + signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="exit-when-orphaned", daemon=True)
+    thread.start()
+    return thread
+
+
 class ServerFailed(RuntimeError):
     pass
 
@@ -80,6 +135,7 @@ class ManagedServer:
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.env, preexec_fn=_die_with_parent)  # fmt: skip
         log.close()
+        _LIVE.add(self)
         group = self.proc.pid  # the server leads its own process group
         self.watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(group)],
                                          preexec_fn=lambda: os.setpgid(0, group), stdin=subprocess.DEVNULL)  # fmt: skip
@@ -110,19 +166,26 @@ class ManagedServer:
             time.sleep(0.5)
         raise ServerFailed(f"server not ready after {self.ready_timeout:.0f} s\n{self.tail()}")
 
-    def stop(self) -> None:
-        if self.proc is None:
+    def kill_group(self, grace: float) -> None:
+        """SIGTERM to the server's process group, SIGKILL to whatever is left after `grace` seconds."""
+        proc = self.proc
+        if proc is None:
             return
-        group = self.proc.pid
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(self.grace)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             pass
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)  # whatever is left, the watchdog included
-        self.proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left, the watchdog included
+        proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.kill_group(self.grace)
+        _LIVE.discard(self)
         if self.watchdog is not None:
             self.watchdog.wait()
         for sig, handler in self._old_handlers.items():

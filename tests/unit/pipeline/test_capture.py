@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import kill_9_when
 
+from specgate.files import stage_log
 from specgate.pipeline.capture import (
     CaptureDataset,
     balanced_shard_tokens,
@@ -17,7 +18,6 @@ from specgate.pipeline.capture import (
     run_capture_job,
 )
 from specgate.pipeline.tokenize import TokenizedDataset
-from specgate.files import stage_log
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_two_processes_write_their_own_shards_and_match_one(tmp_path, target, to
 
 
 def test_shards_split_evenly_over_ranks():
-    """The x2 host's case: 1.6M tokens, shards of at most 1M, two ranks."""
+    """Two GPUs: 1.6M tokens, shards of at most 1M, two ranks."""
     lengths = [700 + (i * 37) % 600 for i in range(1600)]
     total = sum(lengths)
     for world in (1, 2, 3, 8):

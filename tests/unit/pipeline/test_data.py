@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from specgate.files import read_jsonl
 from specgate.pipeline.data import (
     Malformed,
     iter_json_array,
@@ -10,7 +11,6 @@ from specgate.pipeline.data import (
     to_messages,
     user_prompts,
 )
-from specgate.files import read_jsonl
 
 FILTERS = {"min_turns": 1, "max_turns": 4, "max_chars": 10_000}
 
