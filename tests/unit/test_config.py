@@ -105,6 +105,10 @@ def test_validate_config_works_from_an_installed_wheel(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
     (tmp_path / "cfg.yaml").write_text((REPO / "config/config.yaml").read_text())
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for module in ["pipeline/train.py", "model/llama.py", "engine/server.py", "sglang/plugin.py", "sweep/bench.py",
+                   "report/report.py", "config.schema.yaml"]:  # fmt: skip
+        assert f"specgate/{module}" in names, module
     proc = subprocess.run([sys.executable, "-c", "import sys; from specgate.cli import main; sys.exit(main())",
                            "validate-config", "cfg.yaml"], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(site)})  # fmt: skip

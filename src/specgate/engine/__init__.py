@@ -1,0 +1,1 @@
+"""The reference engine: continuous batching with the load gate, and its SGLang-compatible HTTP server."""

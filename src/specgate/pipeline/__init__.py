@@ -1,0 +1,1 @@
+"""One module per workflow stage: target, data, regenerate, tokenize, capture, vocab, train, export, acceptance."""

@@ -1,0 +1,1 @@
+"""The report, its cost model and plots, provenance, and the experiment archive."""
