@@ -29,9 +29,9 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from common import emit, machine, markdown_table, versions
 
 SHAPES = {
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -45,12 +45,6 @@ WARMUP_STEPS = 3
 
 
 # ---------------------------------------------------------------- the pure pieces
-
-
-def markdown_table(columns: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def ms_cell(ms: list[float]) -> str:
@@ -67,20 +61,6 @@ def token_budget(*, prompt_len: int, k: int, steps: int, repeats: int) -> tuple[
 
 
 # ---------------------------------------------------------------- the machine
-
-
-def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    from specgate.report.provenance import cpu_model
-
-    return f"{cpu_model()}, {torch.get_num_threads()} threads"
-
-
-def versions() -> str:
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 def sync(device: torch.device) -> None:
@@ -207,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(["step", "batch", "ms per step, median (min–max)"], rows),
         profile,
     ])  # fmt: skip
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(text, args.out)
     return 0
 
 

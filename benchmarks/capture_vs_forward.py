@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from common import emit, machine, markdown_table, versions
 
 SHAPES = {
     "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -42,12 +43,6 @@ SHAPES = {
 
 
 # ---------------------------------------------------------------- the pure pieces
-
-
-def markdown_table(columns: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 COLUMNS = ["repeat", "plain forward tok/s", "capture tok/s", "capture ÷ plain"]
@@ -65,20 +60,6 @@ def result_rows(tokens_per_pass: int, timings: list[tuple[float, float]]) -> lis
 
 
 # ---------------------------------------------------------------- the machine and the model
-
-
-def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    from specgate.report.provenance import cpu_model
-
-    return f"{cpu_model()}, {torch.get_num_threads()} threads"
-
-
-def versions() -> str:
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 def random_target(shape: dict, device: torch.device):
@@ -199,10 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(COLUMNS, result_rows(tokens_per_pass, timings)),
         "",
     ])  # fmt: skip
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(text, args.out)
     return 0
 
 

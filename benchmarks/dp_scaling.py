@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import emit, markdown_table, versions
 
 SHAPES = {
     "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -45,12 +46,6 @@ SKIP_STEPS = 5  # the first steps pay for allocation, kernel choice and rank sta
 
 
 # ---------------------------------------------------------------- the pure pieces
-
-
-def markdown_table(columns: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def default_settings(gpus: int, cores: int) -> list[tuple[int, int]]:
@@ -89,12 +84,6 @@ def machine(on_gpu: bool) -> str:
 
     gpus = f"{torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}, " if on_gpu else ""
     return f"{gpus}{cpu_model()}, {os.cpu_count()} cores"
-
-
-def versions() -> str:
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 # ---------------------------------------------------------------- inputs and jobs
@@ -217,10 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(columns, table_rows(results)),
         "",
     ])  # fmt: skip
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(text, args.out)
     return 0
 
 

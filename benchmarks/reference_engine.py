@@ -30,14 +30,9 @@ import time
 from pathlib import Path
 
 import torch
+from common import emit, machine, markdown_table, versions
 
 # ---------------------------------------------------------------- the pure pieces
-
-
-def markdown_table(columns: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def rate_cell(rates: list[float]) -> str:
@@ -56,20 +51,6 @@ def table_rows(rates: dict[tuple[str, int], list[float]], variants: list[str], c
 
 
 # ---------------------------------------------------------------- the machine
-
-
-def machine(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    from specgate.report.provenance import cpu_model
-
-    return f"{cpu_model()}, {torch.get_num_threads()} threads"
-
-
-def versions() -> str:
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 # ---------------------------------------------------------------- the closed loop
@@ -210,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         *notes,
         "",
     ])  # fmt: skip
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(text, args.out)
     return 0
 
 

@@ -56,10 +56,10 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from common import emit, machine, markdown_table, versions
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
@@ -99,12 +99,6 @@ def target_side_flops(*, batch, seq, hidden, vocab, draft_vocab) -> float:
     return 2 * n * hidden * vocab + 2 * n * hidden * draft_vocab
 
 
-def markdown_table(columns: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 COLUMNS = ["trainer", "precision", "batch × seq", "step ms, median (min–max)", "tokens/s", "model TFLOP/step",
            "model TFLOP/s", "MFU vs datasheet", "MFU vs measured matmul", "hardware TFLOP/s", "peak GiB"]  # fmt: skip
 
@@ -134,20 +128,6 @@ def table_row(r: dict, peak_tflops: float | None, matmul_tflops: float | None) -
 
 
 # ---------------------------------------------------------------- the machine
-
-
-def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    from specgate.report.provenance import cpu_model
-
-    return f"{cpu_model()}, {torch.get_num_threads()} threads"
-
-
-def versions() -> str:
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 def matmul_tflops(device: torch.device, n: int = 8192, iters: int = 50, repeats: int = 7) -> float:
@@ -401,10 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(COLUMNS, rows),
         "",
     ])  # fmt: skip
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(text, args.out)
     return 0
 
 

@@ -17,6 +17,9 @@ TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=
 
 
 def load(name: str):
+    """A benchmark script as a module; its folder on sys.path, as when it runs, for its `common` import."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.append(str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
