@@ -23,24 +23,14 @@ Weights are bf16 on a GPU and fp32 on a CPU, as each serves them.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shlex
 import statistics
 import sys
 import time
 
 import torch
-from common import emit, machine, markdown_table, versions
+from common import SHAPES, emit, machine, markdown_table, parser, shape_fields, shape_name, sync, versions
 
-SHAPES = {
-    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-                    tie_word_embeddings=True),
-    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
-                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
-}  # fmt: skip
 WARMUP_STEPS = 3
 
 
@@ -63,17 +53,11 @@ def token_budget(*, prompt_len: int, k: int, steps: int, repeats: int) -> tuple[
 # ---------------------------------------------------------------- the machine
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ---------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    p = parser(__doc__)
     p.add_argument("--shape", default="smollm2", help=" | ".join(SHAPES) + " | LlamaConfig kwargs as JSON (default: %(default)s)")
     p.add_argument("--batch", type=int, default=64, help="rows decoded together (default: %(default)s)")
     p.add_argument("--prompt-len", type=int, default=400, help="longest prompt; row i has 3i tokens fewer (default: %(default)s)")
@@ -99,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keep_freed_memory()  # as the acceptance stage does: per-step tensors stay in the heap
     torch.manual_seed(0)
-    cfg = LlamaConfig(**(SHAPES[args.shape] if args.shape in SHAPES else json.loads(args.shape)))
+    cfg = LlamaConfig(**shape_fields(args.shape))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(dtype).eval()
@@ -173,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = (f"\nOne scattered-slot step (batch {len(scattered)}) by op, sorted by {sort}:\n\n```text\n"
                    f"{prof.key_averages().table(sort_by=sort, row_limit=15)}\n```\n")  # fmt: skip
 
-    shape = args.shape if args.shape in SHAPES else json.dumps(json.loads(args.shape))
+    shape = shape_name(args.shape)
     text = "\n".join([
         "# Acceptance decoder: time per batched speculative step",
         "",

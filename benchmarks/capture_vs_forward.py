@@ -19,8 +19,6 @@ vocabulary are wrapped into it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -30,17 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from common import emit, machine, markdown_table, versions
-
-SHAPES = {
-    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
-                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
-    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-                    tie_word_embeddings=True),
-}  # fmt: skip
-
+from common import SHAPES, emit, machine, markdown_table, parser, shape_fields, shape_name, sync, versions
 
 # ---------------------------------------------------------------- the pure pieces
 
@@ -75,17 +63,11 @@ def random_target(shape: dict, device: torch.device):
     return model.eval()
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ---------------------------------------------------------------- the benchmark
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    p = parser(__doc__)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--target", default="results/target", help="materialised target directory (default: %(default)s)")
     which.add_argument("--shape", help="random-init target instead: " + " | ".join(SHAPES) + " | LlamaConfig kwargs as JSON")
@@ -117,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.tokens).exists():
         sys.exit(f"error: no tokenized set at {args.tokens} (run the workflow's tokenize stage, or pass --tokens)")
     if args.shape:
-        shape = SHAPES[args.shape] if args.shape in SHAPES else json.loads(args.shape)
+        shape = shape_fields(args.shape)
         model = random_target(shape, device)
-        target = f"random-init {args.shape if args.shape in SHAPES else json.dumps(shape)}"
+        target = f"random-init {shape_name(args.shape)}"
     else:
         if not (Path(args.target) / "config.json").exists():
             sys.exit(f"error: no target at {args.target} (run the workflow's target stage, or pass --shape)")

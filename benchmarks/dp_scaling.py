@@ -19,7 +19,6 @@ scaling efficiency against the first 1-rank setting, and the job's CPU and wall 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -33,12 +32,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import emit, markdown_table, versions
+from common import emit, markdown_table, parser, shape_fields, shape_name, versions
 
-SHAPES = {
-    "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True),
-}  # fmt: skip
 # the training config of the workflow's GPU examples; max_steps comes from --steps
 TRAIN = dict(ttt_length=7, epochs=1, batch_tokens=32768, lr=5e-4, warmup_ratio=0.03, grad_clip=0.5, loss_decay=0.8,
              checkpoint_every=10**6, precision="bf16", seed=0)  # fmt: skip
@@ -161,8 +156,7 @@ def run_setting(work: Path, inputs: dict, ranks: int, job_threads: int, steps: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    p = parser(__doc__)
     p.add_argument("work", type=Path, metavar="WORK_DIR", help="where the synthetic inputs and each job's output go")
     p.add_argument("--out", help="write the Markdown table here too")
     p.add_argument("--tokens", type=int, default=900_000, help="tokens in the synthetic training set (default: %(default)s)")
@@ -185,13 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         settings = default_settings(torch.cuda.device_count() if on_gpu else 0, cores)
     if on_gpu and max(r for r, _ in settings) > torch.cuda.device_count():
         sys.exit(f"error: a setting asks for more ranks than the {torch.cuda.device_count()} GPUs here")
-    shape = SHAPES[args.shape] if args.shape in SHAPES else json.loads(args.shape)
+    shape = shape_fields(args.shape)
     train = {**TRAIN, "batch_tokens": args.batch_tokens, "device": device}
     args.work.mkdir(parents=True, exist_ok=True)
     inputs = make_inputs(args.work, shape, args.tokens, device, args.batch_tokens)
     results = [run_setting(args.work, inputs, ranks, threads, args.steps, train) for ranks, threads in settings]
 
-    shape_name = args.shape if args.shape in SHAPES else json.dumps(shape)
+    shape_label = shape_name(args.shape)
     columns = ["ranks", "job threads", "threads per rank", "tokens/s, all ranks: median (IQR over steps)",
                "scaling efficiency (tok/s ÷ ranks × 1-rank tok/s)", "job CPU s", "wall s"]  # fmt: skip
     text = "\n".join([
@@ -200,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`python {shlex.join(sys.argv if argv is None else ['benchmarks/dp_scaling.py', *argv])}` · {machine(on_gpu)} · "
         f"{versions()} · one job per setting, {args.steps} steps each, the first {SKIP_STEPS} not counted",
         "",
-        f"Random-init {shape_name} target, {args.tokens:,} synthetic tokens; global batch {args.batch_tokens:,} tokens, "
+        f"Random-init {shape_label} target, {args.tokens:,} synthetic tokens; global batch {args.batch_tokens:,} tokens, "
         f"TTT {TRAIN['ttt_length']}, precision {TRAIN['precision']}.",
         "",
         markdown_table(columns, table_rows(results)),

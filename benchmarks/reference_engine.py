@@ -21,7 +21,6 @@ be lossless at every gate threshold.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import statistics
 import sys
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import emit, machine, markdown_table, versions
+from common import emit, machine, markdown_table, parser, versions
 
 # ---------------------------------------------------------------- the pure pieces
 
@@ -117,8 +116,7 @@ def fp32_lossless_check(target: str, draft: str, eval_jsonl: str, *, num_steps: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    p = parser(__doc__)
     p.add_argument("--target", default="results/target", help="materialised target (default: %(default)s)")
     p.add_argument("--draft", default="results/drafter", help="exported drafter (default: %(default)s)")
     p.add_argument("--eval", default="results/data/eval.jsonl", help="evaluation chats (default: %(default)s)")

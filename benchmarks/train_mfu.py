@@ -48,7 +48,6 @@ lm_head runs on every position (R_k = N): it computes logits everywhere and mask
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -59,7 +58,7 @@ import time
 from types import SimpleNamespace
 
 import torch
-from common import emit, machine, markdown_table, versions
+from common import emit, machine, markdown_table, parser, versions
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
@@ -304,8 +303,7 @@ def run_specforge(cfg, *, batch, seq, ttt, draft_vocab, backend, steps, warmup, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    p = parser(__doc__)
     p.add_argument("--shape", default="llama-3.1-8b", help=" | ".join(SHAPES) + " | LlamaConfig kwargs as JSON")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2], help="sequences per step (default: 1 2)")
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: %(default)s)")
