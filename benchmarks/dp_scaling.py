@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 from common import emit, markdown_table, parser, shape_fields, shape_name, versions
 
-# the training config of the workflow's GPU examples; max_steps comes from --steps
-TRAIN = dict(ttt_length=7, epochs=1, batch_tokens=32768, lr=5e-4, warmup_ratio=0.03, grad_clip=0.5, loss_decay=0.8,
+# the training config of the workflow's GPU examples; steps comes from --steps
+TRAIN = dict(ttt_length=7, epochs=1, batch_tokens=32768, lr=5e-4, warmup_steps=20, grad_clip=0.5, loss_decay=0.8,
              checkpoint_every=10**6, precision="bf16", seed=0)  # fmt: skip
 SKIP_STEPS = 5  # the first steps pay for allocation, kernel choice and rank start-up
 
@@ -129,7 +129,7 @@ def run_setting(work: Path, inputs: dict, ranks: int, job_threads: int, steps: i
     out = work / f"ranks{ranks}_threads{job_threads}"
     shutil.rmtree(out, ignore_errors=True)  # a fresh job: no resume from an earlier call's checkpoints
     job = dict(**inputs, out_weights=str(out / "drafter.safetensors"), out_metrics=str(out / "metrics.csv"),
-               max_steps=steps, **train)  # fmt: skip
+               steps=steps, **train)  # fmt: skip
     code = ("import json, sys; from specgate.pipeline.train import run_training_job; "
             f"run_training_job({ranks}, **json.loads(sys.argv[1]))")  # fmt: skip
     env = {**os.environ, **{name: str(job_threads) for name in THREAD_VARS}}  # what a Snakemake job of `threads` gets

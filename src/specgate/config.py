@@ -102,6 +102,10 @@ def validate_config(config: dict, schema_path: str | os.PathLike = SCHEMA) -> di
         messages = _semantic_checks(config)
     if messages:
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
+    # Defaults that follow other keys. The drafter is trained for as many steps as are served:
+    # a longer training-time test costs time per step and buys nothing at the served k.
+    if config["train"]["ttt_length"] is None:
+        config["train"]["ttt_length"] = config["serve"]["num_steps"]
     return config
 
 

@@ -13,6 +13,7 @@ rule tokenize:
         "../../envs/specgate.yaml"
     params:
         max_length=config["tokenize"]["max_length"],
+        mask_end_of_turn=config["tokenize"]["mask_end_of_turn"],
         code=fingerprint("pipeline.tokenize"),
     script:
         "../scripts/tokenize.py"

@@ -8,4 +8,5 @@ with stage_log(snakemake.log[0]):
         snakemake.output.tokens,
         snakemake.params.max_length,
         snakemake.output.summary,
+        snakemake.params.mask_end_of_turn,
     )

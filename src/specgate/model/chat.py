@@ -1,4 +1,4 @@
-"""Chat helpers: prompt ids, end-of-reply ids, and tokenization with a loss mask that covers exactly the assistant text.
+"""Chat helpers: prompt ids, end-of-reply ids, and tokenization with a loss mask over the assistant text and its end-of-turn token.
 
 The template is rendered once for the whole conversation and once per assistant
 turn for the prefix that precedes it (history + generation prompt). The assistant
@@ -31,12 +31,23 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     return text, spans
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
-    """input_ids and loss mask (1 on assistant-content tokens), truncated to max_length."""
+def tokenize_conversation(tokenizer, messages: list[dict], max_length: int,
+                          mask_end_of_turn: bool = True) -> tuple[list[int], list[int]]:  # fmt: skip
+    """input_ids and loss mask, truncated to max_length.
+
+    Mask 1 on the assistant-content tokens and on the special token that closes each reply
+    (`<|im_end|>`, `<|eot_id|>`, ...): the target predicts that token too, so the drafter must
+    learn it and the draft vocabulary must hold it, or every reply ends on a rejected draft."""
     text, spans = assistant_spans(tokenizer, messages)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [int(any(s <= a and b <= e and a < b for s, e in spans)) for a, b in enc["offset_mapping"]]
-    return enc["input_ids"][:max_length], mask[:max_length]
+    offsets, ids = enc["offset_mapping"], enc["input_ids"]
+    mask = [int(any(s <= a and b <= e and a < b for s, e in spans)) for a, b in offsets]
+    special = set(tokenizer.all_special_ids) if mask_end_of_turn else set()
+    for _, end in spans:
+        after = next((i for i, (a, b) in enumerate(offsets) if a >= end and b > a), None)
+        if after is not None and offsets[after][0] == end and ids[after] in special:
+            mask[after] = 1
+    return ids[:max_length], mask[:max_length]
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:

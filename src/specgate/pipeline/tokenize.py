@@ -1,6 +1,7 @@
 """Stage `tokenize`: chat conversations to one safetensors file of flat token arrays with a loss mask.
 
-The loss mask covers exactly the assistant text (`specgate.model.chat.tokenize_conversation`).
+The loss mask covers the assistant text and the token that ends each reply
+(`specgate.model.chat.tokenize_conversation`).
 `TokenizedDataset` is the read side, used by capture and vocab.
 """
 
@@ -19,7 +20,8 @@ from specgate.model.chat import TemplateError, tokenize_conversation
 log = logging.getLogger(__name__)
 
 
-def tokenize_dataset(conversations: str | Path, tokenizer_dir: str | Path, out: str | Path, max_length: int, summary_out):
+def tokenize_dataset(conversations: str | Path, tokenizer_dir: str | Path, out: str | Path, max_length: int, summary_out,
+                     mask_end_of_turn: bool = True):  # fmt: skip
     """Tokenize a JSONL of conversations into one safetensors file of flat arrays.
 
     Tensors: input_ids (int32, all sequences back to back), loss_mask (uint8),
@@ -34,7 +36,7 @@ def tokenize_dataset(conversations: str | Path, tokenizer_dir: str | Path, out: 
     truncated = 0
     for rec in tqdm(records, desc="tokenize", mininterval=5):
         try:
-            seq, mask = tokenize_conversation(tokenizer, rec["messages"], max_length)
+            seq, mask = tokenize_conversation(tokenizer, rec["messages"], max_length, mask_end_of_turn)
         except TemplateError as e:
             log.warning("%s: %s", rec.get("id"), e)
             skipped["template_error"] += 1
@@ -61,6 +63,7 @@ def tokenize_dataset(conversations: str | Path, tokenizer_dir: str | Path, out: 
         "tokens": len(ids),
         "loss_tokens": int(sum(masks)),
         "max_length": max_length,
+        "mask_end_of_turn": mask_end_of_turn,
     }
     write_json(summary_out, summary)
     log.info("tokenized: %s", summary)

@@ -27,6 +27,7 @@ def tokenizer(request, smollm2_tokenizer):
         tok.chat_template = LLAMA3
     elif request.param == "qwen25":
         tok.chat_template = QWEN25
+    tok.template_name = request.param
     return tok
 
 
@@ -42,12 +43,15 @@ def _runs(ids, mask):
     return runs + ([current] if current else [])
 
 
+END_OF_TURN = {"smollm2": "<|im_end|>", "llama3": "<|eot_id|>", "qwen25": "<|im_end|>"}
+
+
 @pytest.mark.parametrize("messages", CONVERSATIONS)
-def test_masked_tokens_decode_to_exactly_the_assistant_text(tokenizer, messages):
+def test_masked_tokens_decode_to_exactly_the_assistant_text_and_its_end_of_turn(tokenizer, messages):
     ids, mask = tokenize_conversation(tokenizer, messages, max_length=10_000)
     assistant = [m["content"] for m in messages if m["role"] == "assistant"]
     decoded = [tokenizer.decode(run) for run in _runs(ids, mask)]
-    assert decoded == assistant
+    assert decoded == [content + END_OF_TURN[tokenizer.template_name] for content in assistant]
     # and nothing else is masked: every unmasked token lies outside the assistant spans
     text, spans = assistant_spans(tokenizer, messages)
     assert sum(e - s for s, e in spans) == sum(map(len, assistant))

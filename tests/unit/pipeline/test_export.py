@@ -15,7 +15,7 @@ def exported(tmp_path_factory, tiny_target, tiny_capture):
     d = tmp_path_factory.mktemp("export")
     index, vocab = tiny_capture
     train_drafter(str(index), str(vocab), str(tiny_target), str(d / "w.safetensors"), str(d / "m.csv"),
-                  ttt_length=2, epochs=1, max_steps=2, batch_tokens=1024, device="cpu", precision="fp32")  # fmt: skip
+                  ttt_length=2, epochs=1, steps=2, batch_tokens=1024, device="cpu", precision="fp32")  # fmt: skip
     export_drafter(str(d / "w.safetensors"), str(d / "drafter"), str(tiny_target))
     return d / "drafter"
 
