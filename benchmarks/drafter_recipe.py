@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     for n, (label, train, data) in enumerate(rows, start=1):
         r = run_row(n, config, train, prepare_data(config, data, work), work)
         table.append([n, label, r["steps"], r["train_s"], r["acc_0"], r["tau_hat"],
-                      r["tau"].get("sharegpt", "-"), r["tau"].get("humaneval", "-")])  # fmt: skip
+                      *(f"{r['tau'][s]:.3f}" if s in r["tau"] else "-" for s in ("sharegpt", "humaneval"))])  # fmt: skip
         print(markdown_table(COLUMNS, table), flush=True)
     page = "\n".join([
         f"`{shlex.join(['python', *sys.argv])}` · config `{args.config}` · device {config['device']}",

@@ -11,8 +11,16 @@ code path:
     with autocast(bf16): loss, stats = ttt_loss(drafter, embed, target_head, batch, K)
     loss.backward(); clip_grad_norm_(0.5); AdamW(betas 0.9/0.95).step(); scheduler.step(); zero_grad()
 
-Precision `autocast` is what training does on a GPU (fp32 master weights, bf16 autocast);
-`bf16` keeps weights, gradients and AdamW state in bf16 (no master copy).
+Code (`--code`): `specgate` is specgate.pipeline.train.ttt_loss as it is (flex_attention on a
+GPU, one host sync per batch, the target head cast once); `before` is the ttt_loss and
+ttt_attention of commit 4a3e2e6, their code kept below unchanged so that one run measures both (full
+[B, heads, T, T+k] scores per TTT step, one host sync per step, the head re-cast per chunk).
+Both call today's Eagle3Drafter, so `before` rows carry its later changes (fused RMSNorm).
+
+Precision (`--precision`): `autocast` is what training does on a GPU today (fp32 weights and
+target head, bf16 autocast); `bf16-master` runs a bf16 copy of the drafter (specgate's
+Bf16Copy) with fp32 master weights in a fused AdamW (one kernel) and a bf16 target head, the
+setting of SpecForge's BF16Optimizer; `bf16` keeps weights, gradients and AdamW state in bf16 (no master copy).
 
 Inputs are random: token ids, bf16 aux hidden states [B, T, 3H] and final hidden states
 [B, T, H], every position valid and in the loss. The target head is random with the rows
@@ -36,9 +44,11 @@ layer on all N positions):
 MFU = model FLOPs / step time / peak. The peak is the datasheet's dense bf16 rate (989 TFLOP/s
 on an H100 or H200 SXM; `--peak-tflops` for other GPUs) and, in its own column, the rate of an
 8192^3 bf16 matmul measured in the same process. "Hardware TFLOP/s" adds what the hardware
-does beyond the model FLOPs: ttt_attention computes the full T x T score matrix and masks it
-(2x the causal attention), and the target side of ttt_loss runs without gradients (the argmax
-over the full vocabulary, 2*N*H*V, and the renormalised target distribution, 2*N*H*Vd).
+does beyond the model FLOPs: `before` computes the full T x T score matrix and masks it
+(2x the causal attention), flex_attention (specgate, SpecForge) whole 128 x 128 blocks (the
+causal ones plus one block per query block for each later step's keys); the target side
+runs without gradients (the argmax over the full vocabulary, 2*N*H*V, and for `before` and
+SpecForge a second matmul for the draft-vocabulary distribution, 2*N*H*Vd).
 
 SpecForge rows (`--specforge`) use SpecForge's own EAGLE-3 trainer (OnlineEagle3Model, its
 draft Llama and BF16Optimizer with fp32 masters and clip 0.5, bf16 weights, flex_attention) on
@@ -71,13 +81,18 @@ SHAPES = {
                     tie_word_embeddings=True),
 }  # fmt: skip
 DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense, SXM
+FLEX_BLOCK = 128  # flex_attention's sparsity block (specgate.model.drafter.FLEX_BLOCK)
 
 
 # ---------------------------------------------------------------- the pure pieces
 
 
-def model_flops(*, batch, seq, ttt, hidden, heads, kv_heads, head_dim, intermediate, draft_vocab, rows) -> dict:
-    """FLOPs of one training step as counted in the module docstring; rows[k] = loss rows of TTT step k."""
+def model_flops(*, batch, seq, ttt, hidden, heads, kv_heads, head_dim, intermediate, draft_vocab, rows,
+                attention="full") -> dict:  # fmt: skip
+    """FLOPs of one training step as counted in the module docstring; rows[k] = loss rows of TTT step k.
+
+    `attention` says what the hardware computes for the scores: "full" T x T (+ k) per step, or
+    "flex" whole FLEX_BLOCK x FLEX_BLOCK blocks of the block-sparse TTT mask."""
     n, h, qd, kvd = batch * seq, hidden, heads * head_dim, kv_heads * head_dim
     per_step_linear = 2 * n * (2 * h * qd + 2 * 2 * h * kvd + qd * h + 3 * h * intermediate)
     forward = {
@@ -86,16 +101,22 @@ def model_flops(*, batch, seq, ttt, hidden, heads, kv_heads, head_dim, intermedi
         "lm_head": sum(2 * r * h * draft_vocab for r in rows),
         "attention_causal": sum(batch * heads * head_dim * 4 * (seq * (seq + 1) / 2 + k * seq) for k in range(ttt)),
     }
-    attention_full = sum(batch * heads * head_dim * 4 * (seq * seq + k * seq) for k in range(ttt))
+    if attention == "full":
+        attention_hw = sum(batch * heads * head_dim * 4 * (seq * seq + k * seq) for k in range(ttt))
+    else:  # causal blocks, and for each later step one block per query block
+        nb = -(-seq // FLEX_BLOCK)
+        blocks = sum(nb * (nb + 1) // 2 + k * nb for k in range(ttt))
+        attention_hw = batch * heads * head_dim * 4 * blocks * FLEX_BLOCK**2
     total = 3 * sum(forward.values())
     return {"forward": forward, "model_flops": total,
-            "hardware_flops": total + 3 * (attention_full - forward["attention_causal"])}  # fmt: skip
+            "hardware_flops": total + 3 * (attention_hw - forward["attention_causal"])}  # fmt: skip
 
 
-def target_side_flops(*, batch, seq, hidden, vocab, draft_vocab) -> float:
-    """ttt_loss's no-grad teacher: argmax over the full vocabulary, softmax over the draft vocabulary."""
+def target_side_flops(*, batch, seq, hidden, vocab, draft_vocab, draft_matmul=True) -> float:
+    """ttt_loss's no-grad teacher: argmax over the full vocabulary, softmax over the draft vocabulary
+    (a second matmul unless the draft logits are columns picked from the full ones)."""
     n = batch * seq
-    return 2 * n * hidden * vocab + 2 * n * hidden * draft_vocab
+    return 2 * n * hidden * vocab + (2 * n * hidden * draft_vocab if draft_matmul else 0)
 
 
 COLUMNS = ["trainer", "precision", "batch × seq", "step ms, median (min–max)", "tokens/s", "model TFLOP/step",
@@ -187,14 +208,75 @@ def teacher_head(vocab: int, hidden: int, token_ids: torch.Tensor, device) -> to
     return head
 
 
+# ---------------------------------------------------------------- specgate before (commit 4a3e2e6), verbatim
+
+
+def before_ttt_attention(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    k0, v0 = keys[0]
+    rep = q.shape[1] // k0.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    k0, v0 = k0.repeat_interleave(rep, 1), v0.repeat_interleave(rep, 1)
+    t = q.shape[2]
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
+    extra_v = []
+    for kj, vj in keys[1:]:
+        kj, vj = kj.repeat_interleave(rep, 1), vj.repeat_interleave(rep, 1)
+        scores.append((q * kj).sum(-1, keepdim=True) * scale)
+        extra_v.append(vj)
+    probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+    out = probs[..., :t] @ v0
+    for j, vj in enumerate(extra_v):
+        out = out + probs[..., t + j : t + j + 1] * vj
+    return out
+
+
+def before_ttt_loss(drafter, embed, target_head, batch, ttt_length, decay=0.8):
+    from specgate.pipeline.train import shift_left
+
+    ids, valid = batch["input_ids"], batch["valid"]
+    b, t = ids.shape
+    token_ids = drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size, device=ids.device))
+    with torch.no_grad():
+        final = batch["final_hidden"].to(target_head.dtype)
+        full_argmax = torch.cat([(c @ target_head.T).argmax(-1) for c in final.split(128, dim=1)], dim=1)
+        in_vocab = drafter.t2d[full_argmax] & valid
+        lookup = torch.full((drafter.t2d.numel(),), -1, dtype=torch.long, device=ids.device)
+        lookup[token_ids] = torch.arange(len(token_ids), device=ids.device)
+        target_draft_id = lookup[full_argmax]
+        target_p = torch.softmax((final @ target_head[token_ids].T).float(), dim=-1)
+    positions = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t)
+    h = batch["aux_hidden"].to(drafter.fc.weight.dtype)
+    keys, total, stats = [], 0.0, []
+    for k in range(ttt_length):
+        q, key, value, residual = drafter.begin(h, embed(shift_left(ids, 1 + k)).to(h.dtype), positions + k)
+        keys.append((key, value))
+        out = drafter.end(before_ttt_attention(q, keys), residual)
+        h = out
+        m = t - 2 - k
+        if m <= 0:
+            break
+        mask = batch["loss_mask"][:, 2 + k : 2 + k + m] & in_vocab[:, 1 + k : 1 + k + m]
+        logits = drafter.logits(out[:, :m][mask]).float()
+        p = target_p[:, 1 + k : 1 + k + m][mask]
+        ce = torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
+        count = mask.sum()
+        loss_k = ce.sum() / count.clamp(min=1)
+        hit = logits.argmax(-1) == target_draft_id[:, 1 + k : 1 + k + m][mask]
+        total = total + decay**k * loss_k
+        stats.append({"loss": loss_k.detach(), "correct": hit.sum(), "count": count})
+    return total, stats
+
+
 # ---------------------------------------------------------------- specgate's trainer
 
 
-def run_specgate(cfg, *, batch, seq, ttt, draft_vocab, precision, steps, warmup, device) -> dict:
-    from specgate.model.drafter import Eagle3Drafter, drafter_config
+def run_specgate(cfg, *, code, batch, seq, ttt, draft_vocab, precision, steps, warmup, device) -> dict:
+    from specgate.model.drafter import Bf16Copy, Eagle3Drafter, drafter_config
     from specgate.pipeline.capture import default_layers
     from specgate.pipeline.train import cosine_with_warmup, ttt_loss
 
+    loss_fn = ttt_loss if code == "specgate" else before_ttt_loss
     torch.manual_seed(0)
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
     layers = [min(max(layer, 0), cfg.num_hidden_layers - 1) for layer in default_layers(cfg.num_hidden_layers)]
@@ -208,10 +290,19 @@ def run_specgate(cfg, *, batch, seq, ttt, draft_vocab, precision, steps, warmup,
         drafter = Eagle3Drafter(drafter_config(cfg, draft_vocab, layers))
     drafter.init_from_target(target, token_ids)
     embed = torch.nn.Embedding(vocab, hidden, device=device).requires_grad_(False)
-    if precision == "bf16":
-        drafter, embed, head = drafter.to(torch.bfloat16), embed.to(torch.bfloat16), head.to(torch.bfloat16)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.0, betas=(0.9, 0.95))
+    copy = None
+    if precision == "autocast":
+        model = drafter
+    else:  # the drafter's parameters in bf16, its buffers (RoPE's frequencies) as they are
+        copy = Bf16Copy(drafter)
+        model, embed, head = copy.model, embed.to(torch.bfloat16), head.to(torch.bfloat16)
+        if precision == "bf16":  # no master: AdamW updates the bf16 weights themselves
+            drafter, copy = copy.model, None
+    params = [p for p in drafter.parameters() if p.requires_grad]  # what AdamW updates: the master if any
+    # the training stage's AdamW (foreach: ~7 passes over every fp32 master tensor); bf16-master
+    # takes the single-kernel fused one, part of the recipe this benchmark proposes for training
+    fused = precision == "bf16-master" and device.type == "cuda"
+    optimizer = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=fused or None)
     scheduler = cosine_with_warmup(optimizer, 1, steps + warmup)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "autocast")
     gen = torch.Generator(device=device).manual_seed(1)
@@ -227,22 +318,28 @@ def run_specgate(cfg, *, batch, seq, ttt, draft_vocab, precision, steps, warmup,
     for i in range(warmup + steps):
         with StepTimer(device) as timer:
             with autocast:
-                loss, stats = ttt_loss(drafter, embed, head, batches[i % 2], ttt, 0.8)
+                loss, stats = loss_fn(model, embed, head, batches[i % 2], ttt, 0.8)
             loss.backward()
+            if copy is not None:
+                copy.grads_to_master()
             torch.nn.utils.clip_grad_norm_(params, 0.5)
             optimizer.step()
+            if copy is not None:
+                copy.weights_from_master()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
         if i >= warmup:
             times.append(timer.seconds)
             rows = [max(a, int(s["count"])) for a, s in zip(rows, stats, strict=True)]
-        print(f"  specgate {precision} batch {batch} step {i}: {timer.seconds * 1e3:.1f} ms, loss {losses[-1]:.4f}",
+        print(f"  specgate {code} {precision} batch {batch} step {i}: {timer.seconds * 1e3:.1f} ms, loss {losses[-1]:.4f}",
               file=sys.stderr)  # fmt: skip
     if not all(math.isfinite(x) for x in losses):
         return {"error": f"non-finite loss {losses}"}
-    flops = model_flops(batch=batch, seq=seq, ttt=ttt, draft_vocab=draft_vocab, rows=rows, **dims(cfg))
-    extra = target_side_flops(batch=batch, seq=seq, hidden=hidden, vocab=vocab, draft_vocab=draft_vocab)
+    new = code == "specgate"
+    flops = model_flops(batch=batch, seq=seq, ttt=ttt, draft_vocab=draft_vocab, rows=rows,
+                        attention="flex" if new and device.type == "cuda" else "full", **dims(cfg))  # fmt: skip
+    extra = target_side_flops(batch=batch, seq=seq, hidden=hidden, vocab=vocab, draft_vocab=draft_vocab, draft_matmul=not new)
     return {"step_s": times, "model_flops": flops["model_flops"], "hardware_flops": flops["hardware_flops"] + extra}
 
 
@@ -294,7 +391,8 @@ def run_specforge(cfg, *, batch, seq, ttt, draft_vocab, backend, steps, warmup, 
         if i >= warmup:
             times.append(timer.seconds)
         print(f"  specforge batch {batch} step {i}: {timer.seconds * 1e3:.1f} ms, loss {float(loss):.4f}", file=sys.stderr)
-    flops = model_flops(batch=batch, seq=seq, ttt=ttt, draft_vocab=draft_vocab, rows=[batch * seq] * ttt, **dims(cfg))
+    flops = model_flops(batch=batch, seq=seq, ttt=ttt, draft_vocab=draft_vocab, rows=[batch * seq] * ttt,
+                        attention="flex" if backend == "flex_attention" else "full", **dims(cfg))  # fmt: skip
     extra = target_side_flops(batch=batch, seq=seq, hidden=hidden, vocab=vocab, draft_vocab=draft_vocab)
     return {"step_s": times, "model_flops": flops["model_flops"], "hardware_flops": flops["hardware_flops"] + extra}
 
@@ -309,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: %(default)s)")
     p.add_argument("--ttt", type=int, default=7, help="training-time-test steps K (default: %(default)s)")
     p.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size Vd (default: %(default)s)")
-    p.add_argument("--precision", nargs="+", default=["autocast", "bf16"], choices=["autocast", "bf16"])
+    p.add_argument("--code", nargs="+", default=["before", "specgate"], choices=["before", "specgate"],
+                   help="specgate's ttt_loss as it is, and/or as it was (default: both)")  # fmt: skip
+    p.add_argument("--precision", nargs="+", default=["autocast", "bf16-master"], choices=["autocast", "bf16-master", "bf16"],
+                   help="specgate's precisions (default: %(default)s)")  # fmt: skip
     p.add_argument("--steps", type=int, default=10, help="timed steps per row (the min–max is the noise)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: %(default)s)")
     p.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak (default: datasheet for H100/H200)")
@@ -339,24 +440,25 @@ def main(argv: list[str] | None = None) -> int:
     else:  # a CPU has no bf16 datasheet peak worth dividing by; the matmul reference is GPU-only
         peak, matmul = args.peak_tflops, None
 
-    runs = [("specgate", precision, b) for precision in args.precision for b in args.batch]
+    runs = [(code, precision, b) for code in args.code for precision in args.precision for b in args.batch]
     runs += [("SpecForge", "bf16 + fp32 master", b) for b in args.batch] if args.specforge else []
     rows = []
-    for trainer, precision, b in runs:
+    for code, precision, b in runs:
+        trainer = {"specgate": "specgate", "before": "specgate before"}.get(code, code)
         common = dict(batch=b, seq=args.seq, ttt=args.ttt, draft_vocab=args.draft_vocab, steps=args.steps,
                       warmup=args.warmup, device=device)  # fmt: skip
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            if trainer == "specgate":
-                r = run_specgate(cfg, precision=precision, **common)
+            if code in ("specgate", "before"):
+                r = run_specgate(cfg, code=code, precision=precision, **common)
             else:
                 r = run_specforge(cfg, backend=args.specforge_backend, **common)
         except torch.OutOfMemoryError:
             r = {"error": "out of memory"}
         except Exception as e:  # SpecForge runs outside its own pins: report its failure in its row
-            if trainer == "specgate":
+            if code != "SpecForge":
                 raise
             r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
         if device.type == "cuda" and "error" not in r:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step"]
+SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe"]
 TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
 
@@ -149,3 +149,21 @@ def test_missing_prerequisites_are_one_line_errors(name, args, message):
     r = run(name, *args)
     assert r.returncode != 0
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_recipe_rows_change_one_thing_at_a_time():
+    m = load("drafter_recipe")
+    rows = m.rows_of_changes()
+    assert rows[0][1] == m.PREVIOUS and rows[0][2] == m.PREVIOUS_DATA
+    for (_, train_a, data_a), (label, train_b, data_b) in zip(rows, rows[1:]):
+        changed = {k for k in train_b if train_a[k] != train_b[k]} | {k for k in data_b if data_a[k] != data_b[k]}
+        assert 1 <= len(changed) <= 2, (label, changed)  # warm-up and floor are one schedule change
+    # the last row is the recipe the workflow's train stage uses by default, on regenerated replies
+    from specgate.pipeline.train import train_drafter
+    import inspect
+
+    defaults = {k: v.default for k, v in inspect.signature(train_drafter).parameters.items()}
+    final = rows[-1][1]
+    for key in ("init", "warmup_steps", "min_lr_ratio"):
+        assert final[key] == defaults[key], key
+    assert rows[-1][2] == {"regenerated": True, "mask_end_of_turn": True}

@@ -9,16 +9,21 @@
 
 Token embeddings are the target's (frozen, passed in, never saved). A draft id i maps to
 target id i + d2t[i]. Attention is left to the caller, which knows which keys a query may
-see: training-time test (`ttt_attention`) or a KV cache at inference (`cached_attention`).
+see: training-time test (`ttt_attention`: flex_attention on a GPU, the written-out
+`ttt_attention_reference` on a CPU) or a KV cache at inference (`cached_attention`).
+`Bf16Copy` runs a drafter in bf16 while its original keeps the fp32 master weights.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
@@ -42,6 +47,19 @@ def drafter_config(target_config, draft_vocab_size: int, aux_layers: list[int]) 
     cfg.target_hidden_size = target_config.hidden_size
     cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(aux_layers), "use_aux_hidden_state": True}
     return cfg
+
+
+def rms_norm(norm: LlamaRMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """What `norm(x)` computes, through F.rms_norm: one fused kernel each way on a GPU instead of
+    LlamaRMSNorm's chain of elementwise passes in fp32 (x upcast, squared, mean, rsqrt, scaled,
+    cast back, times the weight, and as many in the backward), at every call of every TTT step.
+
+    In fp32 the two agree to rounding; in bf16 F.rms_norm rounds once where LlamaRMSNorm rounds the
+    normalised x before the weight multiplies it. Mixed dtypes (fp32 weight, bf16 x) keep
+    LlamaRMSNorm, whose result is then fp32."""
+    if x.dtype != norm.weight.dtype:
+        return norm(x)
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 class Eagle3Attention(nn.Module):
@@ -88,14 +106,19 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
 
-    def init_from_target(self, target, token_ids: torch.Tensor, std: float = 0.02) -> None:
-        """Random layer weights; lm_head = the target's head rows of the draft tokens; norm = target's."""
+    def init_from_target(self, target, token_ids: torch.Tensor, std: float = 0.02, copy_head: bool = False) -> None:
+        """Every linear weight ~ N(0, std), norms 1, as SpecForge's drafters start.
+
+        copy_head: lm_head = the target's head rows of the draft tokens and norm = the target's final
+        norm. The copied head turns the random first outputs into confident wrong logits (loss ~21
+        at step 0 on SmolLM2 against ln(draft vocab) ~9 from a random head), so it is not the default."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=std)
-        with torch.no_grad():
-            self.lm_head.weight.copy_(target.get_output_embeddings().weight[token_ids])
-            self.norm.weight.copy_(target.get_decoder().norm.weight)
+        if copy_head:
+            with torch.no_grad():
+                self.lm_head.weight.copy_(target.get_output_embeddings().weight[token_ids])
+                self.norm.weight.copy_(target.get_decoder().norm.weight)
         self.d2t.copy_(token_ids - torch.arange(len(token_ids)))
         self.t2d.zero_()
         self.t2d[token_ids] = True
@@ -107,7 +130,7 @@ class Eagle3Drafter(nn.Module):
         if h.shape[-1] != self.config.hidden_size:
             h = self.fc(h)
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(h)], dim=-1)
+        x = torch.cat([rms_norm(layer.input_layernorm, embeds), rms_norm(layer.hidden_norm, h)], dim=-1)
         cos, sin = self.rotary(x, positions)
         q, k, v = layer.self_attn.qkv(x, cos, sin)
         return q, k, v, h
@@ -117,21 +140,75 @@ class Eagle3Drafter(nn.Module):
         layer = self.midlayer
         b, _, t, _ = attn.shape
         r = residual + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
-        return r + layer.mlp(layer.post_attention_layernorm(r))
+        return r + layer.mlp(rms_norm(layer.post_attention_layernorm, r))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out))
+        return self.lm_head(rms_norm(self.norm, out))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
 
+class Bf16Copy:
+    """A bf16 copy of a drafter for the forward and backward; the original keeps fp32 master weights.
+
+    Per training step:
+        loss = ttt_loss(copy.model, ...); loss.backward()
+        copy.grads_to_master()            # the bf16 gradients, as fp32, on the master's parameters
+        clip + optimizer.step() over the master's parameters
+        copy.weights_from_master()        # the updated weights, rounded to bf16, into the copy
+
+    Updates accumulate in fp32 (a bf16 weight cannot take a step smaller than 2^-8 of itself), while
+    every matmul reads bf16 weights without autocast re-casting fp32 ones. Only parameters change
+    dtype: buffers stay as they are (RoPE's inv_freq in bf16 would shift position 2048 by radians).
+    The master is what a checkpoint saves, so a resume that calls weights_from_master() is exact.
+    """
+
+    def __init__(self, master: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.master = master
+        self.model = copy.deepcopy(master)
+        for p in self.model.parameters():
+            p.data = p.data.to(dtype)
+        self.master_params = [p for p in master.parameters() if p.requires_grad]
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def grads_to_master(self) -> None:
+        for master, p in zip(self.master_params, self.params, strict=True):
+            if p.grad is None:
+                master.grad = None
+            elif master.grad is None:
+                master.grad = p.grad.float()
+            else:
+                master.grad.copy_(p.grad)
+            p.grad = None
+
+    @torch.no_grad()
+    def weights_from_master(self) -> None:
+        for master, p in zip(self.master_params, self.params, strict=True):
+            p.copy_(master)
+
+
 def ttt_attention(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Training-time-test attention for step k = len(keys) - 1.
+    """Training-time-test attention for step k = len(keys) - 1 (see `ttt_attention_reference`).
+
+    On a GPU through flex_attention, which never builds the score matrix. On a CPU the reference:
+    flex_attention has no backward there (torch 2.11-2.13), and its CPU forward materialises
+    the scores anyway.
+    """
+    if q.device.type == "cuda":
+        return ttt_attention_flex(q, keys)
+    return ttt_attention_reference(q, keys)
+
+
+def ttt_attention_reference(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Training-time-test attention for step k = len(keys) - 1, written out: the definition.
 
     keys[0] are the step-0 keys/values (all positions, seen causally); keys[j] for j >= 1
     are step j's, and a query at position t sees only position t of each. That is what a
     query at draft step k sees at inference: the prefix's KV plus its own chain.
+
+    Materialises the full [B, heads, T, T + k] score matrix: the CPU path and the reference that
+    the fast path is tested against.
     """
     k0, v0 = keys[0]
     rep = q.shape[1] // k0.shape[1]
@@ -150,6 +227,65 @@ def ttt_attention(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]
     for j, vj in enumerate(extra_v):
         out = out + probs[..., t + j : t + j + 1] * vj
     return out
+
+
+# flex_attention's sparsity granule: each TTT step's keys start on a block boundary, so a query
+# block sees one key block of each later step (the one holding its own positions) instead of two.
+FLEX_BLOCK = 128
+
+
+def ttt_mask_mod(block_len: torch.Tensor):
+    """Which keys a query sees when the steps' keys are laid out as [K0 | K1 | ... | Kk], each
+    padded to block_len positions: step-0 keys up to its own position (kv <= q; every key of a
+    later step lies beyond q), and its own position in every later step's block. block_len is
+    a tensor so that a compiled kernel takes a new sequence length as data, not as a recompile."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) | (kv_idx % block_len == q_idx)
+
+    return mask_mod
+
+
+def ttt_flex_keys(keys: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype):
+    """keys -> (K, V, block_len): the steps' keys and values along the sequence axis, each step
+    padded to a multiple of FLEX_BLOCK positions (the padding is masked out)."""
+    t = keys[0][0].shape[2]
+    block_len = -(-t // FLEX_BLOCK) * FLEX_BLOCK
+
+    def laid_out(xs):
+        return torch.cat([F.pad(x.to(dtype), (0, 0, 0, block_len - t)) for x in xs], dim=2)
+
+    return laid_out([k for k, _ in keys]), laid_out([v for _, v in keys]), block_len
+
+
+@functools.lru_cache(maxsize=64)
+def ttt_block_mask(t: int, steps: int, device: torch.device):
+    """The BlockMask of ttt_mask_mod for T queries and `steps` key groups; it depends on
+    nothing else (right padding needs no mask: a real query never reaches a padded key)."""
+    block_len = -(-t // FLEX_BLOCK) * FLEX_BLOCK
+    mask_mod = ttt_mask_mod(torch.tensor(block_len, device=device))
+    return create_block_mask(mask_mod, None, None, t, steps * block_len, device=device)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    # compiled once per process: eager flex_attention materialises the scores, the compiled
+    # kernel does not. The default dynamic=None recompiles once to a dynamic kernel when the
+    # key length changes (every TTT step) instead of compiling one kernel per step.
+    return torch.compile(flex_attention)
+
+
+def ttt_attention_flex(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """ttt_attention_reference through flex_attention: one fused kernel over the laid-out keys
+    with a block-sparse mask. Compiled on a GPU; eager elsewhere (forward only on a CPU).
+
+    Under autocast q and k leave RoPE in fp32 (fp32 cos/sin) while v leaves its linear layer in
+    the compute dtype; flex_attention needs one dtype, so all three take v's."""
+    dtype = keys[0][1].dtype
+    k_all, v_all, _ = ttt_flex_keys(keys, dtype)
+    block_mask = ttt_block_mask(q.shape[2], len(keys), q.device)
+    attend = _compiled_flex_attention() if q.device.type == "cuda" else flex_attention
+    return attend(q.to(dtype), k_all, v_all, block_mask=block_mask, enable_gqa=True)
 
 
 def cached_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ Step k = 0..K-1 of the unrolled test, at anchor position t of a sequence x:
     target        the target's next-token distribution at position t+1+k, restricted to the
                   draft vocabulary and renormalised
     mask          loss_mask[t+2+k] and target argmax at t+1+k inside the draft vocabulary
-Loss = sum_k 0.8^k * L_k with L_k the masked mean soft cross-entropy.
+Loss = sum_k decay^k * L_k (decay = train.loss_decay) with L_k the masked mean soft cross-entropy.
 
 Checkpoints hold model, optimizer, scheduler, RNG states and the data position, are
 written to a temporary directory and renamed, and a rerun resumes from the newest one.
@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specgate.files import TMP_MARK, ShardDir, atomic_path, sha256_file, stable_hash
-from specgate.model.drafter import Eagle3Drafter, drafter_config, ttt_attention
+from specgate.model.drafter import Bf16Copy, Eagle3Drafter, drafter_config, ttt_attention
 from specgate.pipeline.capture import plan_batches
 from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, pick_device, run_data_parallel, worker_main
 
@@ -109,55 +109,121 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
+# rows of full-vocabulary teacher logits computed at once: 2^28 elements, 512 MiB in bf16
+TEACHER_CHUNK_ELEMENTS = 2**28
+
+
+@torch.no_grad()
+def teacher(drafter: Eagle3Drafter, target_head: torch.Tensor, final_hidden: torch.Tensor, valid: torch.Tensor):
+    """What the target says at every position, flattened to [B*T]: whether its argmax lies in the
+    draft vocabulary (and the position is real), that argmax as a draft id (-1 outside), and its
+    distribution restricted to the draft vocabulary and renormalised ([B*T, Vd], fp32).
+
+    One matmul per chunk of rows gives both the full-vocabulary argmax and, by selecting columns,
+    the draft-vocabulary logits. The head is cast to the compute dtype once per batch (autocast
+    would re-cast it for every chunk), and not at all when the caller passes it in that dtype."""
+    device = final_hidden.device
+    autocast = torch.is_autocast_enabled(device.type)
+    dtype = torch.get_autocast_dtype(device.type) if autocast else target_head.dtype
+    head = target_head.to(dtype)
+    token_ids = drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size, device=device))
+    rows = final_hidden.reshape(-1, final_hidden.shape[-1]).to(dtype)
+    n, vocab = rows.shape[0], head.shape[0]
+    full_argmax = torch.empty(n, dtype=torch.long, device=device)
+    target_p = torch.empty(n, len(token_ids), dtype=torch.float32, device=device)
+    chunk = max(1, TEACHER_CHUNK_ELEMENTS // vocab)
+    for start in range(0, n, chunk):
+        logits = rows[start : start + chunk] @ head.T
+        full_argmax[start : start + chunk] = logits.argmax(-1)
+        target_p[start : start + chunk] = torch.softmax(logits[:, token_ids].float(), dim=-1)
+    in_vocab = drafter.t2d[full_argmax] & valid.reshape(-1)
+    lookup = torch.full((drafter.t2d.numel(),), -1, dtype=torch.long, device=device)
+    lookup[token_ids] = torch.arange(len(token_ids), device=device)
+    return in_vocab, lookup[full_argmax], target_p
+
+
+def loss_rows(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Flat indices b*T + t of the anchors in TTT step k's loss, k < steps, and their counts.
+
+    Anchor t of step k counts when loss_mask[t+2+k] and the target's argmax at t+1+k is a draft
+    token (t < T-2-k: shifting in False past the end covers that). All steps' rows come from one
+    nonzero, so ttt_loss waits for the GPU once per batch rather than once per step."""
+    if steps == 0:
+        return [], torch.zeros(0, dtype=torch.long, device=loss_mask.device)
+    masks = torch.stack([shift_left(loss_mask.bool(), 2 + k, False) & shift_left(in_vocab, 1 + k, False)
+                         for k in range(steps)]).flatten(1)  # fmt: skip
+    counts = masks.sum(1)
+    _, flat = masks.nonzero(as_tuple=True)  # ordered by step, then position
+    return list(flat.split(counts.tolist())), counts
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_p: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per row, -sum_v p_v log softmax(z)_v = logsumexp(z) - sum_v p_v z_v (sum p = 1), with z the
+    logits in fp32 and p = target_p[targets]."""
+    z = logits.float()
+    return torch.logsumexp(z, dim=-1) - (target_p[targets] * z).sum(-1)
+
+
+_FUSED_SOFT_CROSS_ENTROPY = None
+
+
+def fused_soft_cross_entropy():
+    """soft_cross_entropy compiled (once per process, for any number of rows) into fused kernels.
+
+    Eager, each of the fp32 copy of the logits, the gather of p, their product, the logsumexp and
+    the backward's softmax minus p is its own pass over [rows, draft vocab] in fp32, about twenty
+    per TTT step; compiled, the forward and the backward each read the logits and p once."""
+    global _FUSED_SOFT_CROSS_ENTROPY
+    if _FUSED_SOFT_CROSS_ENTROPY is None:
+        _FUSED_SOFT_CROSS_ENTROPY = torch.compile(soft_cross_entropy, dynamic=True)
+    return _FUSED_SOFT_CROSS_ENTROPY
+
+
 def ttt_loss(drafter: Eagle3Drafter, embed: torch.nn.Embedding, target_head: torch.Tensor, batch: dict,
              ttt_length: int, decay: float = 0.8) -> tuple[torch.Tensor, list[dict]]:  # fmt: skip
-    """Total loss and per-step stats {loss, correct, count} for one batch."""
-    ids, valid = batch["input_ids"], batch["valid"]
+    """Total loss and per-step stats {loss, correct, count} for one batch.
+
+    Pass target_head in the compute dtype (bf16 under bf16 autocast or a bf16 drafter) to save
+    casting it once per batch. On a GPU, attention runs through flex_attention and the soft
+    cross-entropy through compiled kernels; the first batches of a run pay the compilation."""
+    ids = batch["input_ids"]
     b, t = ids.shape
-    token_ids = drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size, device=ids.device))
-    with torch.no_grad():
-        final = batch["final_hidden"].to(target_head.dtype)
-        full_argmax = torch.cat([(c @ target_head.T).argmax(-1) for c in final.split(128, dim=1)], dim=1)
-        in_vocab = drafter.t2d[full_argmax] & valid
-        lookup = torch.full((drafter.t2d.numel(),), -1, dtype=torch.long, device=ids.device)
-        lookup[token_ids] = torch.arange(len(token_ids), device=ids.device)
-        target_draft_id = lookup[full_argmax]
-        # the target's distribution restricted to the draft vocabulary and renormalised
-        target_p = torch.softmax((final @ target_head[token_ids].T).float(), dim=-1)
+    in_vocab, target_draft_id, target_p = teacher(drafter, target_head, batch["final_hidden"], batch["valid"])
+    # anchors t < T-2-k have both a target (position t+1+k) and a next token (t+2+k)
+    steps = max(0, min(ttt_length, t - 2))
+    rows, counts = loss_rows(batch["loss_mask"], in_vocab.view(b, t), steps)
+    soft_ce = fused_soft_cross_entropy() if ids.device.type == "cuda" else soft_cross_entropy
     positions = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t)
     h = batch["aux_hidden"].to(drafter.fc.weight.dtype)
     keys, total, stats = [], 0.0, []
-    for k in range(ttt_length):
+    for k in range(steps):
         q, key, value, residual = drafter.begin(h, embed(shift_left(ids, 1 + k)).to(h.dtype), positions + k)
         keys.append((key, value))
         out = drafter.end(ttt_attention(q, keys), residual)
         h = out
-        # anchors t = 0..m-1 have both a target (position t+1+k) and a next token (t+2+k)
-        m = t - 2 - k
-        if m <= 0:
-            break
-        mask = batch["loss_mask"][:, 2 + k : 2 + k + m] & in_vocab[:, 1 + k : 1 + k + m]
-        logits = drafter.logits(out[:, :m][mask]).float()  # only rows that count
-        p = target_p[:, 1 + k : 1 + k + m][mask]
-        # soft cross-entropy  -sum p log q  =  logsumexp(z) - sum p z   (sum p = 1)
-        ce = torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
-        count = mask.sum()
-        loss_k = ce.sum() / count.clamp(min=1)
-        hit = logits.argmax(-1) == target_draft_id[:, 1 + k : 1 + k + m][mask]
+        targets = rows[k] + 1 + k  # the position whose target distribution each anchor predicts
+        logits = drafter.logits(out.reshape(b * t, -1).index_select(0, rows[k]))  # only rows that count
+        loss_k = soft_ce(logits, target_p, targets).sum() / counts[k].clamp(min=1)
+        hit = logits.detach().argmax(-1) == target_draft_id[targets]
         total = total + decay**k * loss_k
-        stats.append({"loss": loss_k.detach(), "correct": hit.sum(), "count": count})
+        stats.append({"loss": loss_k.detach(), "correct": hit.sum(), "count": counts[k]})
     return total, stats
 
 
 # ---------------------------------------------------------------- the loop
 
 
-def cosine_with_warmup(optimizer, warmup: int, total: int):
+def cosine_with_warmup(optimizer, warmup: int, total: int, min_lr_ratio: float = 0.0):
+    """Linear warm-up over `warmup` steps, then cosine decay to `min_lr_ratio` x lr at step `total`.
+
+    Counted in optimizer steps, not data: a short run and a long one warm up alike, and the floor
+    keeps the last steps of a short run learning instead of spending them at lr ~ 0."""
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / max(warmup, 1)
         progress = (step - warmup) / max(total - warmup, 1)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -169,9 +235,10 @@ def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 def train_drafter(
     capture_index: str, vocab_path: str, target_dir: str, out_weights: str, out_metrics: str, *,
-    ttt_length: int = 7, epochs: int = 1, batch_tokens: int = 4096, lr: float = 3e-4, warmup_ratio: float = 0.05,
-    weight_decay: float = 0.0, grad_clip: float = 0.5, loss_decay: float = 0.8, checkpoint_every: int = 50,
-    seed: int = 0, device: str = "auto", max_steps: int | None = None, precision: str = "auto",
+    ttt_length: int = 4, epochs: int = 1, steps: int | None = None, batch_tokens: int = 4096, lr: float = 3e-4,
+    warmup_steps: int = 20, min_lr_ratio: float = 0.1, weight_decay: float = 0.0, grad_clip: float = 0.5,
+    loss_decay: float = 0.8, init: str = "random", checkpoint_every: int = 50, seed: int = 0, device: str = "auto",
+    precision: str = "auto",
 ) -> dict:  # fmt: skip
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -181,9 +248,10 @@ def train_drafter(
     accelerator = Accelerator(cpu=pick_device(device).type == "cpu")  # "auto" on a host without GPUs: CPU ranks
     if accelerator.device.type == "cuda":
         limit_gpu_host_threads()
-    if precision == "auto":  # the spec's default: bf16 autocast on GPU, fp32 on CPU
+    if precision == "auto":  # bf16 weights with fp32 masters on a GPU, fp32 on a CPU
         precision = "bf16" if accelerator.device.type == "cuda" else "fp32"
-    autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=precision == "autocast")
+    compute_dtype = torch.bfloat16 if precision in ("bf16", "autocast") else torch.float32
     set_seed(seed)
     data = CapturedSequences(capture_index)
     lengths = [data.length(i) for i in range(len(data))]
@@ -192,10 +260,15 @@ def train_drafter(
     world = accelerator.num_processes
     rank_tokens = max(1, batch_tokens // world)
     steps_per_epoch = len(epoch_batches(lengths, rank_tokens, seed, 0)) // world
-    total_steps = min(steps_per_epoch * epochs, max_steps or 10**12)
-    settings = dict(ttt_length=ttt_length, epochs=epochs, batch_tokens=batch_tokens, lr=lr, warmup_ratio=warmup_ratio,
-                    weight_decay=weight_decay, grad_clip=grad_clip, loss_decay=loss_decay, seed=seed,
-                    max_steps=max_steps, precision=precision, world=accelerator.num_processes)  # fmt: skip
+    if steps_per_epoch == 0:
+        raise ValueError(f"config key 'train.batch_tokens': {batch_tokens} tokens over {world} ranks leaves no full "
+                         f"step in {len(lengths)} sequences")  # fmt: skip
+    # A step budget (`steps`) cycles the data as often as it takes; otherwise `epochs` passes.
+    total_steps = steps or steps_per_epoch * epochs
+    settings = dict(ttt_length=ttt_length, epochs=epochs, steps=steps, batch_tokens=batch_tokens, lr=lr,
+                    warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay,
+                    grad_clip=grad_clip, loss_decay=loss_decay, init=init, seed=seed, precision=precision,
+                    world=accelerator.num_processes)  # fmt: skip
     fingerprint = stable_hash({"capture": data.index["fingerprint"], "vocab": sha256_file(vocab_path), **settings})
     ckpt_dir = Path(out_weights).parent / "checkpoints"
     if accelerator.is_main_process:
@@ -206,24 +279,31 @@ def train_drafter(
     vocab = load_file(vocab_path)
     cfg = drafter_config(AutoConfig.from_pretrained(target_dir), len(vocab["token_ids"]), data.index["layers_sglang"])
     drafter = Eagle3Drafter(cfg)
-    drafter.init_from_target(target, vocab["token_ids"])
-    embed = target.get_input_embeddings().requires_grad_(False).to(accelerator.device)
-    target_head = target.get_output_embeddings().weight.detach().to(accelerator.device)
+    drafter.init_from_target(target, vocab["token_ids"], copy_head=init == "target_head")
+    # frozen target pieces in the compute dtype once, not re-cast on every batch
+    embed = target.get_input_embeddings().requires_grad_(False).to(accelerator.device, dtype=compute_dtype)
+    target_head = target.get_output_embeddings().weight.detach().to(accelerator.device, dtype=compute_dtype)
     del target
 
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
-    scheduler = cosine_with_warmup(optimizer, int(warmup_ratio * total_steps), total_steps)
+    fused = accelerator.device.type == "cuda" or None  # one kernel for the whole update on a GPU
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95), fused=fused)
+    scheduler = cosine_with_warmup(optimizer, min(warmup_steps, total_steps), total_steps, min_lr_ratio)
     drafter, optimizer = accelerator.prepare(drafter, optimizer)
     # Not through prepare(): Accelerate's wrapper steps a scheduler once per rank on every call, so
     # N ranks would run the schedule N times faster (seen on 2 H200s: the lr reached 0 halfway).
     accelerator.register_for_checkpointing(scheduler)
     raw = accelerator.unwrap_model(drafter)
+    # bf16: the forward and backward run on a bf16 copy; the optimizer updates fp32 masters (raw)
+    bf16 = Bf16Copy(raw) if precision == "bf16" else None
+    model = bf16.model if bf16 else raw
 
     step = 0
     latest = _latest_checkpoint(ckpt_dir)
     if latest is not None:
         accelerator.load_state(str(latest))
+        if bf16:
+            bf16.weights_from_master()
         step = json.loads((latest / "position.json").read_text())["step"]
         accelerator.print(f"resuming from {latest.name} (step {step} of {total_steps})")
     metrics_path = ckpt_dir / "metrics.csv"
@@ -240,16 +320,21 @@ def train_drafter(
             t0 = time.perf_counter()
             batch = {k: v.to(accelerator.device) for k, v in collate([data[i] for i in ids]).items()}
             with autocast:
-                loss, stats = ttt_loss(raw, embed, target_head, batch, ttt_length, loss_decay)
+                loss, stats = ttt_loss(model, embed, target_head, batch, ttt_length, loss_decay)
             accelerator.backward(loss)
+            if bf16:
+                bf16.grads_to_master()
             average_gradients(params, accelerator.num_processes)
             accelerator.clip_grad_norm_(drafter.parameters(), grad_clip)
             optimizer.step()
+            if bf16:
+                bf16.weights_from_master()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             tokens = accelerator.reduce(batch["valid"].sum(), "sum").item()
-            row = _metrics_row(step, epoch, accelerator, stats, scheduler.get_last_lr()[0], tokens / (time.perf_counter() - t0))
+            lr_now, tok_s = scheduler.get_last_lr()[0], tokens / (time.perf_counter() - t0)
+            row = _metrics_row(step, epoch, accelerator, stats, lr_now, tok_s, loss_decay)
             rows.append(row)
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}", tau=f"{row['tau_hat']:.2f}")
@@ -295,7 +380,7 @@ def check_ranks_agree(params: list[torch.Tensor], accelerator) -> None:
                            f"(max |diff| of parameter sums {float((gathered - gathered[0]).abs().max()):.3g})")  # fmt: skip
 
 
-def _metrics_row(step, epoch, accelerator, stats, lr, tok_s) -> dict:
+def _metrics_row(step, epoch, accelerator, stats, lr, tok_s, decay: float) -> dict:
     row = {"step": step, "epoch": epoch, "lr": lr, "tokens_per_s": round(tok_s, 1)}
     loss, tau, running = 0.0, 1.0, 1.0
     for k, s in enumerate(stats):
@@ -303,7 +388,7 @@ def _metrics_row(step, epoch, accelerator, stats, lr, tok_s) -> dict:
         count = accelerator.reduce(s["count"].float(), "sum").item()
         row[f"loss_{k}"] = accelerator.reduce(s["loss"].float(), "mean").item()
         row[f"acc_{k}"] = correct / max(count, 1)
-        loss += 0.8**k * row[f"loss_{k}"]
+        loss += decay**k * row[f"loss_{k}"]  # the objective that was optimised
         running *= row[f"acc_{k}"]
         tau += running
     row["loss"], row["tau_hat"] = loss, tau

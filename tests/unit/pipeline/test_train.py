@@ -17,11 +17,11 @@ def _job(tiny_target, tiny_capture, out):
 
 
 def _schedule(total: int) -> list[float]:
-    """The learning rate logged after each of `total` steps: warmup 5% (the default), then cosine."""
+    """The learning rate logged after each of `total` steps: the default warm-up (20 steps) and floor (0.1)."""
     from specgate.pipeline.train import cosine_with_warmup
 
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=SETTINGS["lr"])
-    sched = cosine_with_warmup(opt, int(0.05 * total), total)
+    sched = cosine_with_warmup(opt, min(20, total), total, 0.1)
     out = []
     for _ in range(total):
         opt.step()
@@ -109,3 +109,58 @@ def test_ranks_share_the_jobs_threads():
     snakemake_job = {name: "32" for name in THREAD_VARS} | {"PATH": "/bin"}
     env = rank_env(2, snakemake_job, on_gpu=False)
     assert {env[name] for name in THREAD_VARS} == {"16"} and env["PATH"] == "/bin"
+
+
+def test_schedule_warms_up_by_steps_and_ends_on_its_floor():
+    from specgate.pipeline.train import cosine_with_warmup
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = cosine_with_warmup(opt, 10, 100, 0.1)
+    lrs = [sched.get_last_lr()[0]]
+    for _ in range(100):
+        opt.step()
+        sched.step()
+        lrs.append(sched.get_last_lr()[0])
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear over 10 steps
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then only down
+    assert lrs[100] == pytest.approx(0.1) and min(lrs) == pytest.approx(0.1)
+
+
+def test_step_budget_cycles_the_data_and_the_logged_loss_uses_loss_decay(tmp_path, tiny_target, tiny_capture):
+    job = _job(tiny_target, tiny_capture, tmp_path) | {"epochs": 1, "steps": 11, "batch_tokens": 8192, "loss_decay": 0.5,
+                                                     "checkpoint_every": 100}
+    train_drafter(**job)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == list(range(1, 12))
+    assert int(rows[-1]["epoch"]) >= 1, "11 steps must take more than one pass over the tiny set"
+    for r in rows:
+        assert float(r["loss"]) == pytest.approx(sum(0.5**k * float(r[f"loss_{k}"]) for k in range(3)), rel=1e-6)
+
+
+@pytest.mark.parametrize("init", ["random", "target_head"])
+def test_init_copies_the_head_only_when_asked(tiny_target, init):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specgate.model.drafter import Eagle3Drafter, drafter_config
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)
+    token_ids = torch.arange(0, 64, 2)
+    drafter = Eagle3Drafter(drafter_config(AutoConfig.from_pretrained(tiny_target), len(token_ids), [0, 1, 2]))
+    drafter.init_from_target(target, token_ids, copy_head=init == "target_head")
+    copied = torch.equal(drafter.lm_head.weight, target.get_output_embeddings().weight[token_ids])
+    assert copied == (init == "target_head")
+    assert drafter.to_target_ids(torch.arange(len(token_ids))).tolist() == token_ids.tolist()
+
+
+def test_bf16_precision_runs_on_bf16_copies_and_saves_fp32_masters(tmp_path, tiny_target, tiny_capture):
+    job = _job(tiny_target, tiny_capture, tmp_path) | {"precision": "bf16", "steps": 6, "checkpoint_every": 100}
+    train_drafter(**job)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 and float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    weights = load_file(tmp_path / "drafter.safetensors")
+    assert weights["fc.weight"].dtype == torch.float32
+    # fp32 masters take steps a bf16 weight could not: some weights are not bf16-representable
+    fc = weights["fc.weight"]
+    assert not torch.equal(fc, fc.to(torch.bfloat16).float())
