@@ -1,4 +1,6 @@
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,24 @@ def with_local_target_dir(cfg: dict, tmp_path: Path) -> dict:
         (tmp_path / "hf_target").mkdir(exist_ok=True)
         cfg["target"]["path"] = str(tmp_path / "hf_target")
     return cfg
+
+
+def sglang_dirs() -> list[str | None]:
+    """SGLang installs to test: SPECGATE_SGLANG_DIRS (set by .ci/run), else an installed sglang."""
+    dirs = [d for d in os.environ.get("SPECGATE_SGLANG_DIRS", "").split(os.pathsep) if d]
+    if dirs:
+        return dirs
+    try:
+        spec = importlib.util.find_spec("sglang")
+        if spec is not None and spec.origin is not None:  # a folder named sglang on sys.path is no SGLang
+            return [None]
+    except ValueError:
+        pass
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must provide SGLang for the plugin tests (SPECGATE_SGLANG_DIRS)")
+    return []
+
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

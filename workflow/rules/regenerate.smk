@@ -1,5 +1,7 @@
-# The target writes the replies the drafter learns from (data.regenerate.enabled).
-# Shards live in results/data/regen_shards/, not declared, so a killed run resumes.
+# The target writes the replies the drafter learns from (data.regenerate.enabled), with
+# SGLang's offline engine or specgate's reference decoder (data.regenerate.engine).
+# Parts live beside the output in results/data/train_regen.parts/, not declared, so a
+# killed run resumes at the first missing part.
 rule regenerate:
     input:
         conversations=paths.DATA_TRAIN,

@@ -7,28 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import sglang_dirs
 
 from specgate.gate import Gate, GateConfig
 
 HERE = Path(__file__).parent
-
-
-def sglang_dirs() -> list[str | None]:
-    """SGLang installs to test: SPECGATE_SGLANG_DIRS (set by .ci/run), else an installed sglang."""
-    dirs = [d for d in os.environ.get("SPECGATE_SGLANG_DIRS", "").split(os.pathsep) if d]
-    if dirs:
-        return dirs
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("sglang")
-        if spec is not None and spec.origin is not None:  # a folder named sglang on sys.path is no SGLang
-            return [None]
-    except ValueError:
-        pass
-    if os.environ.get("CI"):
-        raise RuntimeError("CI must provide SGLang for the plugin tests (SPECGATE_SGLANG_DIRS)")
-    return []
 
 
 def run_check(sglang_dir, gate, trace, script="check_plugin.py"):
