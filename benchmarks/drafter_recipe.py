@@ -65,10 +65,12 @@ def data_key(data: dict) -> str:
     return ("regen" if data["regenerated"] else "asis") + ("-eot" if data["mask_end_of_turn"] else "")
 
 
-def workflow_inputs(config_path: str, work: Path, need_regen: bool) -> None:
+def workflow_inputs(config_path: str, work: Path, need_regen: bool, regenerate_engine: str | None) -> None:
     """The target, the conversations and (if needed) the regenerated replies, built by the workflow."""
     config = yaml.safe_load(Path(config_path).read_text())
     config.setdefault("data", {}).setdefault("regenerate", {})["enabled"] = True
+    if regenerate_engine:
+        config["data"]["regenerate"]["engine"] = regenerate_engine
     overlay = work / "workflow-config.yaml"
     overlay.write_text(yaml.safe_dump(config))
     targets = [layout.TARGET, layout.DATA_TRAIN, layout.DATA_EVAL]
@@ -140,6 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="config/config.yaml", help="the workflow config (default: %(default)s)")
     p.add_argument("--device", default=None, help="override the config's device (e.g. cuda)")
     p.add_argument("--work", default="results/recipe_ablation", help="scratch folder, reused on a rerun")
+    p.add_argument("--regenerate-engine", choices=["auto", "sglang", "reference"], help="override data.regenerate.engine")
     p.add_argument("--rows", type=int, default=len(CHANGES), help="run only the first N rows")
     p.add_argument("--out", help="also write the Markdown page here")
     args = p.parse_args(argv)
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     rows = rows_of_changes()[: args.rows]
-    workflow_inputs(args.config, work, need_regen=any(data["regenerated"] for _, _, data in rows))
+    workflow_inputs(args.config, work, any(data["regenerated"] for _, _, data in rows), args.regenerate_engine)
 
     table, t0 = [], time.perf_counter()
     for n, (label, train, data) in enumerate(rows, start=1):
