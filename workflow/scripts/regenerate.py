@@ -1,8 +1,8 @@
 from specgate.files import stage_log
-from specgate.pipeline.regenerate import regenerate_stage
+from specgate.pipeline.regenerate import run_regenerate_job
 
 with stage_log(snakemake.log[0]):
-    regenerate_stage(
+    run_regenerate_job(
         snakemake.input.conversations,
         snakemake.input.target,
         snakemake.output.conversations,

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
+import subprocess
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -28,7 +31,7 @@ from specgate.files import ShardDir, read_jsonl, sha256_file, stable_hash, write
 from specgate.model.chat import eos_ids, prompt_ids
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder
-from specgate.runtime import keep_freed_memory, pick_device
+from specgate.runtime import _fd_or_none, keep_freed_memory, pick_device, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -294,3 +297,25 @@ def regenerate_stage(conversations: str, target_dir: str, out: str, summary_out:
              engine, summary["kept"], summary["input"], tokens, summary["generate_seconds"], summary["tokens_per_s"],
              generated, summary["chunks_reused"])  # fmt: skip
     return summary
+
+
+def run_regenerate_job(conversations: str, target_dir: str, out: str, summary_out: str, **settings) -> dict | None:
+    """The stage, run where SGLang's engine can start.
+
+    SGLang starts its scheduler with multiprocessing's spawn, which re-imports the parent's
+    `__main__`. A Snakemake script cannot be imported a second time (its `snakemake` object exists
+    only in the first), so with SGLang the stage runs as `python -m specgate.pipeline.regenerate`."""
+    job = dict(conversations=conversations, target_dir=target_dir, out=out, summary_out=summary_out, **settings)
+    if resolve_engine(settings["engine"]) != "sglang":
+        return regenerate_stage(**job)
+    job_file = Path(out).with_suffix(".job.json")
+    job_file.parent.mkdir(parents=True, exist_ok=True)
+    job_file.write_text(json.dumps(job))
+    cmd = [sys.executable, "-m", "specgate.pipeline.regenerate", "--job", str(job_file)]
+    subprocess.run(cmd, check=True, stdout=_fd_or_none(sys.stdout), stderr=_fd_or_none(sys.stderr))
+    job_file.unlink(missing_ok=True)
+    return json.loads(Path(summary_out).read_text())
+
+
+if __name__ == "__main__":
+    worker_main(regenerate_stage)
