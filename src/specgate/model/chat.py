@@ -42,11 +42,16 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int,
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     offsets, ids = enc["offset_mapping"], enc["input_ids"]
     mask = [int(any(s <= a and b <= e and a < b for s, e in spans)) for a, b in offsets]
-    special = set(tokenizer.all_special_ids) if mask_end_of_turn else set()
-    for _, end in spans:
-        after = next((i for i, (a, b) in enumerate(offsets) if a >= end and b > a), None)
-        if after is not None and offsets[after][0] == end and ids[after] in special:
-            mask[after] = 1
+    if mask_end_of_turn:
+        # The token right after each reply's last content token, when it is a special token.
+        # Found by position, not by character offset: some tokenizer versions give special
+        # tokens the offset (0, 0).
+        special = set(tokenizer.all_special_ids)
+        for start, end in spans:
+            inside = [i for i, (a, b) in enumerate(offsets) if start <= a and b <= end and a < b]
+            after = inside[-1] + 1 if inside else None
+            if after is not None and after < len(ids) and ids[after] in special:
+                mask[after] = 1
     return ids[:max_length], mask[:max_length]
 
 
