@@ -187,7 +187,8 @@ def tiny_drafter(tmp_path_factory, counting_target):
                           dtype="float32", batch_tokens=4096, shard_tokens=1 << 20, device="cpu")  # fmt: skip
     build_vocab_stage(str(d / "tokens.safetensors"), str(target), str(d / "vocab.safetensors"), str(d / "v.json"), COUNT_RANGE)
     train_drafter(str(d / "capture/index.json"), str(d / "vocab.safetensors"), str(target), str(d / "w.safetensors"),
-                  str(d / "m.csv"), ttt_length=3, epochs=20, batch_tokens=2048, lr=3e-3, device="cpu", precision="fp32")  # fmt: skip
+                  str(d / "m.csv"), ttt_length=3, epochs=20, batch_tokens=2048, lr=3e-3, device="cpu", precision="fp32",
+                  init="target_head")  # fmt: skip  (the copied head learns this tiny set within the tests' budget)
     export_drafter(str(d / "w.safetensors"), str(d / "drafter"), str(target), "float32")
     return d / "drafter"
 
