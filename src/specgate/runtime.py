@@ -33,7 +33,7 @@ def keep_freed_memory() -> bool:
         return False
 
 
-def _fd_or_none(stream):
+def inheritable_stream(stream):
     """The stream if it has a file descriptor a child can inherit, else None (the parent's fds)."""
     try:
         stream.fileno()
@@ -101,7 +101,7 @@ def run_data_parallel(module: str, fn, job: dict, num_processes: int | str, work
     env = rank_env(num_processes, dict(os.environ), on_gpu)
     print("launching:", " ".join(cmd), f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", flush=True)
     # the ranks write to this stage's log (stage_log redirects sys.stdout/err, not the process's fds)
-    subprocess.run(cmd, check=True, env=env, stdout=_fd_or_none(sys.stdout), stderr=_fd_or_none(sys.stderr))
+    subprocess.run(cmd, check=True, env=env, stdout=inheritable_stream(sys.stdout), stderr=inheritable_stream(sys.stderr))
     job_file.unlink(missing_ok=True)
 
 

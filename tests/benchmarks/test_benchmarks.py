@@ -159,8 +159,9 @@ def test_recipe_rows_change_one_thing_at_a_time():
         changed = {k for k in train_b if train_a[k] != train_b[k]} | {k for k in data_b if data_a[k] != data_b[k]}
         assert 1 <= len(changed) <= 2, (label, changed)  # warm-up and floor are one schedule change
     # the last row is the recipe the workflow's train stage uses by default, on regenerated replies
-    from specgate.pipeline.train import train_drafter
     import inspect
+
+    from specgate.pipeline.train import train_drafter
 
     defaults = {k: v.default for k, v in inspect.signature(train_drafter).parameters.items()}
     final = rows[-1][1]

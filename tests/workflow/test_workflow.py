@@ -53,6 +53,7 @@ def workdir(tmp_path_factory, tiny_llama_dir):
         {"name": "chats", "kind": "jsonl", "path": str(chats), "train": 40, "eval": 10},
         {"name": "humaneval", "kind": "humaneval", "train": 8, "eval": 4},
     ]
+    config["data"]["regenerate"] |= {"max_new_tokens": 16, "chunk_size": 16}
     config["tokenize"]["max_length"] = 128
     config["capture"] |= {"batch_tokens": 512, "shard_tokens": 2048}
     config["vocab"]["draft_vocab_size"] = 512
@@ -128,10 +129,10 @@ DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "bench", "report"}
         ("pipeline/train", DOWNSTREAM_OF_CAPTURE),
         # tokenize holds the tokenized-set reader that capture and vocab use
         ("pipeline/tokenize", {"tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
-        # the chat helpers: tokenization, and the prompts of acceptance and the servers
-        ("model/chat", {"tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
+        # the chat helpers: the prompts of regeneration, acceptance and the servers, and tokenization
+        ("model/chat", {"regenerate", "tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
         # a new data output makes every downstream stage rerun too
-        ("pipeline/data", {"data", "tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
+        ("pipeline/data", {"data", "regenerate", "tokenize", "capture", "vocab"} | DOWNSTREAM_OF_CAPTURE),
         ("engine/reference", {"bench", "report"}),
     ],
 )

@@ -1,4 +1,5 @@
-"""Chat helpers: prompt ids, end-of-reply ids, and tokenization with a loss mask over the assistant text and its end-of-turn token.
+"""Chat helpers: prompt ids, end-of-reply ids, and tokenization with a loss mask over the assistant
+text and its end-of-turn token.
 
 The template is rendered once for the whole conversation and once per assistant
 turn for the prefix that precedes it (history + generation prompt). The assistant

@@ -31,7 +31,7 @@ from specgate.files import ShardDir, read_jsonl, sha256_file, stable_hash, write
 from specgate.model.chat import eos_ids, prompt_ids
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder
-from specgate.runtime import _fd_or_none, keep_freed_memory, pick_device, worker_main
+from specgate.runtime import inheritable_stream, keep_freed_memory, pick_device, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def sglang_engine_args(target_dir: str, *, mem_fraction_static: float, seed: int
         "attention_backend": "triton",  # no FA3 on the hosts this runs on
         "sampling_backend": "pytorch",  # no flashinfer sampling kernels
         "grammar_backend": "none",  # no xgrammar; replies are unconstrained
-        "disable_prefill_cuda_graph": True,  # breakable prefill graphs fail to start on the tested host
+        "disable_prefill_cuda_graph": True,  # as the tested SGLang server flags (`serve.extra_args` of the GPU examples)
         "log_level": "warning",  # the scheduler's own errors reach the stage log
     }
 
@@ -312,7 +312,7 @@ def run_regenerate_job(conversations: str, target_dir: str, out: str, summary_ou
     job_file.parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(json.dumps(job))
     cmd = [sys.executable, "-m", "specgate.pipeline.regenerate", "--job", str(job_file)]
-    subprocess.run(cmd, check=True, stdout=_fd_or_none(sys.stdout), stderr=_fd_or_none(sys.stderr))
+    subprocess.run(cmd, check=True, stdout=inheritable_stream(sys.stdout), stderr=inheritable_stream(sys.stderr))
     job_file.unlink(missing_ok=True)
     return json.loads(Path(summary_out).read_text())
 
