@@ -12,13 +12,15 @@ code path:
     loss.backward(); clip_grad_norm_(0.5); AdamW(betas 0.9/0.95).step(); scheduler.step(); zero_grad()
 
 Code (`--code`): `specgate` is specgate.pipeline.train.ttt_loss as it is (flex_attention on a
-GPU, one host sync per batch, the target head cast once); `before` is the ttt_loss and
-ttt_attention of commit 4a3e2e6, their code kept below unchanged so that one run measures both (full
-[B, heads, T, T+k] scores per TTT step, one host sync per step, the head re-cast per chunk).
+GPU, one host sync per batch, the target head cast once); `before` is the ttt_loss that
+trained drafters before the fast path, kept below unchanged so that one run measures both, with the
+dense TTT attention it used (`ttt_attention_reference`: full [B, heads, T, T+k] scores per TTT step),
+one host sync per step, the head re-cast per chunk.
 Both call today's Eagle3Drafter, so `before` rows carry its later changes (fused RMSNorm).
 
-Precision (`--precision`): `autocast` is what training does on a GPU today (fp32 weights and
-target head, bf16 autocast); `bf16-master` runs a bf16 copy of the drafter (specgate's
+Precision (`--precision`): `autocast` is fp32 weights and
+target head under bf16 autocast (the train stage's `precision: autocast`); `bf16-master` (the train
+stage's `precision: bf16`, its GPU default) runs a bf16 copy of the drafter (specgate's
 Bf16Copy) with fp32 master weights in a fused AdamW (one kernel) and a bf16 target head, the
 setting of SpecForge's BF16Optimizer; `bf16` keeps weights, gradients and AdamW state in bf16 (no master copy).
 
@@ -208,30 +210,11 @@ def teacher_head(vocab: int, hidden: int, token_ids: torch.Tensor, device) -> to
     return head
 
 
-# ---------------------------------------------------------------- specgate before (commit 4a3e2e6), verbatim
-
-
-def before_ttt_attention(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    k0, v0 = keys[0]
-    rep = q.shape[1] // k0.shape[1]
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    k0, v0 = k0.repeat_interleave(rep, 1), v0.repeat_interleave(rep, 1)
-    t = q.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
-    extra_v = []
-    for kj, vj in keys[1:]:
-        kj, vj = kj.repeat_interleave(rep, 1), vj.repeat_interleave(rep, 1)
-        scores.append((q * kj).sum(-1, keepdim=True) * scale)
-        extra_v.append(vj)
-    probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
-    out = probs[..., :t] @ v0
-    for j, vj in enumerate(extra_v):
-        out = out + probs[..., t + j : t + j + 1] * vj
-    return out
+# ---------------------------------------------------------------- specgate before the fast path, verbatim
 
 
 def before_ttt_loss(drafter, embed, target_head, batch, ttt_length, decay=0.8):
+    from specgate.model.drafter import ttt_attention_reference
     from specgate.pipeline.train import shift_left
 
     ids, valid = batch["input_ids"], batch["valid"]
@@ -251,7 +234,7 @@ def before_ttt_loss(drafter, embed, target_head, batch, ttt_length, decay=0.8):
     for k in range(ttt_length):
         q, key, value, residual = drafter.begin(h, embed(shift_left(ids, 1 + k)).to(h.dtype), positions + k)
         keys.append((key, value))
-        out = drafter.end(before_ttt_attention(q, keys), residual)
+        out = drafter.end(ttt_attention_reference(q, keys), residual)  # the dense attention it used
         h = out
         m = t - 2 - k
         if m <= 0:
