@@ -15,6 +15,7 @@ if not workflow.overwrite_configfiles:
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/target.smk"
+include: "workflow/rules/widen.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/regenerate.smk"
 include: "workflow/rules/tokenize.smk"

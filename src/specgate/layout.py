@@ -24,7 +24,12 @@ VOCAB_SUMMARY = "results/vocab/summary.json"
 TRAIN_WEIGHTS = "results/train/drafter.safetensors"  # checkpoints live beside it, in checkpoints/
 TRAIN_METRICS = "results/train/metrics.csv"
 DRAFTER = "results/drafter"  # the SGLang-loadable export
-ACCEPTANCE = "results/acceptance.csv"
+ACCEPTANCE = "results/acceptance.csv"  # the served pair: widened target and drafter when target.widen is set
+# target.widen: the target and drafter widened to a larger shape, computing the same function.
+# Everything up to export uses the narrow target; acceptance, the sweep and the report the widened one.
+TARGET_WIDENED = "results/target_widened"
+DRAFTER_WIDENED = "results/drafter_widened"
+ACCEPTANCE_UNWIDENED = "results/acceptance_unwidened.csv"  # the narrow pair, to check that widening kept acceptance
 BENCH_RECORDS = "results/bench/{variant}.jsonl"
 BENCH_SUMMARY = "results/bench/{variant}.csv"
 BENCH_WORK = "results/bench/work"
@@ -49,19 +54,29 @@ def bench_summary(variant: str) -> str:
     return BENCH_SUMMARY.format(variant=variant)
 
 
-def report_inputs(*, regenerate: bool, bench_summaries: list[str]) -> dict:
+def served_target(widened: bool) -> str:
+    return TARGET_WIDENED if widened else TARGET
+
+
+def served_drafter(widened: bool) -> str:
+    return DRAFTER_WIDENED if widened else DRAFTER
+
+
+def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool = False) -> dict:
     """Every file the report reads, by the name `write_report` takes it under."""
     inputs = {
-        "target": TARGET,
+        "target": served_target(widened),
         "data_summary": DATA_SUMMARY,
         "tokens_summary": TOKENS_SUMMARY,
         "capture_index": CAPTURE_INDEX,
         "vocab_summary": VOCAB_SUMMARY,
         "train_metrics": TRAIN_METRICS,
         "acceptance": ACCEPTANCE,
-        "drafter": DRAFTER,
+        "drafter": served_drafter(widened),
         "bench_summaries": list(bench_summaries),
     }
     if regenerate:
         inputs["regen_summary"] = REGEN_SUMMARY
+    if widened:
+        inputs["acceptance_unwidened"] = ACCEPTANCE_UNWIDENED
     return inputs

@@ -48,7 +48,10 @@ def workdir(tmp_path_factory, tiny_llama_dir):
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     config["run_name"] = "tiny"
     config["device"] = "cpu"
-    config["target"] = {"source": "hf_dir", "path": str(tiny_llama_dir), "dtype": "float32"}
+    config["target"] = {"source": "hf_dir", "path": str(tiny_llama_dir), "dtype": "float32",
+                        # served widened: every stage of target.widen runs, and the sweep serves the widened pair
+                        "widen": {"hidden_size": 96, "num_layers": 9, "intermediate_size": 160, "num_heads": 8,
+                                  "num_kv_heads": 4}}  # fmt: skip
     config["data"]["sources"] = [
         {"name": "chats", "kind": "jsonl", "path": str(chats), "train": 40, "eval": 10},
         {"name": "humaneval", "kind": "humaneval", "train": 8, "eval": 4},
@@ -74,14 +77,18 @@ def test_full_chain_builds_every_artifact(workdir):
     work, _ = workdir
     for path in ["results/target/manifest.json", "results/data/summary.json", "results/tokens/train.safetensors",
                  "results/capture/index.json", "results/vocab/vocab.safetensors", "results/train/metrics.csv",
-                 "results/drafter/model.safetensors", "results/acceptance.csv", "results/report.md"]:  # fmt: skip
+                 "results/drafter/model.safetensors", "results/acceptance.csv", "results/report.md",
+                 "results/target_widened/manifest.json", "results/drafter_widened/model.safetensors",
+                 "results/acceptance_unwidened.csv"]:  # fmt: skip
         assert (work / path).exists(), path
     report = (work / "results/report.md").read_text()
     for section in ["## Hidden-state capture", "## Draft vocabulary", "## Drafter training", "## Acceptance length",
                     "## Threshold sweep", "## Envelope efficiency", "## Recommended threshold", "## Cost model"]:  # fmt: skip
         assert section in report
     assert "## Recommended threshold\n\n**" in report and "(gate_2)" in report
-    for rule in ["target", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance", "report",
+    assert "Served widened (`target.widen`)" in report and "τ before widening" in report
+    for rule in ["target", "widen", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance",
+                 "acceptance_unwidened", "report",
                  "bench/nospec", "bench/always", "bench/gate_2"]:  # fmt: skip
         assert (work / f"results/logs/{rule}.log").exists(), rule
     for variant in ["nospec", "always", "gate_2"]:
@@ -114,13 +121,15 @@ def test_capture_param_reruns_capture_and_nothing_upstream(workdir):
     assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
 
 
-DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "bench", "report"}
+DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "acceptance_unwidened", "bench", "report"}
 
 
 @pytest.mark.parametrize(
     "module, stages",
     [
-        ("pipeline/export", {"export", "acceptance", "bench", "report"}),
+        ("pipeline/export", {"export", "acceptance", "acceptance_unwidened", "bench", "report"}),
+        # the widened target is rebuilt; the drafter is widened by export, whose module imports this one
+        ("model/widen", {"widen", "export", "acceptance", "acceptance_unwidened", "bench", "report"}),
         ("sweep/load_client", {"bench", "report"}),
         ("report/cost_model", {"report"}),
         ("pipeline/vocab", {"vocab"} | DOWNSTREAM_OF_CAPTURE),
@@ -223,7 +232,7 @@ def test_archive_rebuilds_the_same_report_elsewhere(workdir, tmp_path):
     root = tmp_path / archives[0].name.removesuffix(".tar.gz")
     for meta in ["config.yaml", "pip-freeze.txt", "detailed-summary.tsv", "git.txt"]:
         assert (root / "meta" / meta).stat().st_size > 0, meta
-    assert (root / "results/drafter/model.safetensors").exists()
+    assert (root / "results/drafter_widened/model.safetensors").exists()  # the served drafter
     assert not (root / "results/target/model.safetensors").exists()  # the target is named by its manifest only
     rebuilt = (root / "results/report.md").read_text()
     archived = (root / "results/report.archived.md").read_text()

@@ -34,10 +34,39 @@ def training_conversations(wildcards):
     return paths.DATA_TRAIN
 
 
+def widened():
+    """target.widen set: acceptance, the sweep and the report use the widened target and drafter."""
+    return config["target"]["widen"] is not None
+
+
+def served_target(wildcards=None):
+    return paths.served_target(widened())
+
+
+def served_drafter(wildcards=None):
+    return paths.served_drafter(widened())
+
+
+def export_inputs(wildcards):
+    inputs = {"weights": paths.TRAIN_WEIGHTS, "target": paths.TARGET}
+    if widened():
+        inputs["widened_target"] = paths.TARGET_WIDENED
+    return inputs
+
+
+def export_outputs():
+    """The drafter for the target; with target.widen also the drafter widened the same way."""
+    outputs = {"drafter": directory(paths.DRAFTER)}
+    if widened():
+        outputs["widened"] = directory(paths.DRAFTER_WIDENED)
+    return outputs
+
+
 def report_inputs(wildcards):
     return paths.report_inputs(
         regenerate=config["data"]["regenerate"]["enabled"],
         bench_summaries=bench_summaries(),
+        widened=widened(),
     )
 
 
@@ -76,12 +105,14 @@ def bench_inputs(wildcards):
     # acceptance.csv: the last compute-heavy stage. Waiting for it keeps every benchmark off
     # hardware that capture, training or acceptance would otherwise share with it.
     inputs = {
-        "target": paths.TARGET,
+        "target": served_target(),
         "eval": paths.DATA_EVAL,
         "after": paths.ACCEPTANCE,
     }
+    if widened():
+        inputs["after_unwidened"] = paths.ACCEPTANCE_UNWIDENED
     if wildcards.variant != "nospec":
-        inputs["drafter"] = paths.DRAFTER
+        inputs["drafter"] = served_drafter()
     return inputs
 
 

@@ -1,9 +1,8 @@
 rule export:
     input:
-        weights=paths.TRAIN_WEIGHTS,
-        target=paths.TARGET,
+        unpack(export_inputs),
     output:
-        directory(paths.DRAFTER),
+        **export_outputs(),
     log:
         paths.log("export"),
     benchmark:

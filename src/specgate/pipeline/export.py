@@ -48,8 +48,12 @@ def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     }
 
 
-def export_drafter(weights: str, out_dir: str, target_dir: str, dtype: str = "bfloat16") -> dict:
-    """Write config.json and model.safetensors to out_dir, then run the contract check on it."""
+def export_drafter(weights: str, out_dir: str, target_dir: str, dtype: str = "bfloat16", *,
+                   widened_target: str | None = None, widened_out: str | None = None) -> dict:  # fmt: skip
+    """Write config.json and model.safetensors to out_dir, then run the contract check on it.
+
+    With `widened_target` (target.widen), also write the drafter widened to that target's shape
+    to `widened_out`, checked against the widened target."""
     with safe_open(weights, framework="pt") as f:
         cfg = json.loads(f.metadata()["config"])
         state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  (safe_open is not a dict)
@@ -63,7 +67,28 @@ def export_drafter(weights: str, out_dir: str, target_dir: str, dtype: str = "bf
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json(tmp / "config.json", cfg)
         check_draft(tmp, target_dir)
+    if widened_target:
+        widen_drafter(out_dir, widened_out, widened_target)
     return cfg
+
+
+def widen_drafter(draft_dir: str, out_dir: str, target_dir: str) -> dict:
+    """Write the drafter of `draft_dir` widened to the shape of the widened target in `target_dir`
+    (`specgate.model.widen`), and run the contract check against that target."""
+    from specgate.model.widen import Widening, widen_drafter_tensors, widened_drafter_config
+
+    cfg = json.loads((Path(draft_dir) / "config.json").read_text())
+    to = Widening.of(json.loads((Path(target_dir) / "config.json").read_text()))
+    with safe_open(str(Path(draft_dir) / "model.safetensors"), framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  (safe_open is not a dict)
+    tensors = widen_drafter_tensors(state, cfg, to)
+    wide = widened_drafter_config(cfg, to)
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_json(tmp / "config.json", wide)
+        check_draft(tmp, target_dir)
+    return wide
 
 
 def check_draft(draft_dir: str | Path, target_dir: str | Path) -> list[str]:

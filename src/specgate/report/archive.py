@@ -91,7 +91,8 @@ def rebuild_report(archive: str, dest: str) -> Path:
     provenance = read_json(root / layout.PROVENANCE)
     (root / layout.REPORT).rename(root / layout.REPORT.replace(".md", ".archived.md"))
     bench = sorted(str(p.relative_to(root)) for p in (root / layout.BENCH_SUMMARY).parent.glob("*.csv"))
-    inputs = layout.report_inputs(regenerate=(root / layout.REGEN_SUMMARY).exists(), bench_summaries=bench)
+    inputs = layout.report_inputs(regenerate=(root / layout.REGEN_SUMMARY).exists(), bench_summaries=bench,
+                                  widened=(root / layout.TARGET_WIDENED).exists())
     cwd = os.getcwd()
     os.chdir(root)  # the report quotes relative paths: rebuild with the same ones
     try:

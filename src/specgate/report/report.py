@@ -79,7 +79,8 @@ def build_report(out: str, *, provenance_out: str, repo: str, config: dict, **in
 
 def write_report(out: str, *, config: dict, provenance: dict, target: str, data_summary: str, tokens_summary: str,
                  capture_index: str, vocab_summary: str, train_metrics: str, acceptance: str, drafter: str,
-                 bench_summaries: list[str] = (), regen_summary: str | None = None, stage_times_dir: str = layout.STAGE_TIMES,
+                 bench_summaries: list[str] = (), regen_summary: str | None = None,
+                 acceptance_unwidened: str | None = None, stage_times_dir: str = layout.STAGE_TIMES,
                  plots_dir: str | None = None) -> None:  # fmt: skip
     prov = provenance
     manifest = _json(Path(target) / "manifest.json")
@@ -99,6 +100,12 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     parts.append(_table(["architecture", "layers", "hidden", "vocab", "params", "dtype", "source"], [[
         manifest["architecture"], manifest["num_hidden_layers"], manifest["hidden_size"], manifest["vocab_size"],
         f"{manifest['num_parameters'] / 1e6:.1f} M", manifest["dtype"], manifest["source"]]]))  # fmt: skip
+    if "widened_from" in manifest:
+        frm, to = manifest["widened_from"], manifest["widened_to"]
+        parts += ["", f"Served widened (`target.widen`): the {frm['num_parameters'] / 1e6:.1f} M-parameter target "
+                      f"({_shape(frm['shape'])}) padded to {_shape(to)}. It computes the same function at the larger "
+                      "shape's step cost; data, capture and training used the target as it is, and the drafter was "
+                      "widened the same way."]  # fmt: skip
 
     parts += ["", "## Data", ""]
     rows = []
@@ -137,6 +144,14 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     parts.append(_table(["source", "k (draft steps)", "prompts", "verify steps", "τ measured", "τ̂ from training"],
                         [[r["source"], r["num_steps"], r["prompts"], r["verify_steps"], r["tau"],
                           f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-"] for r in acc_rows]))  # fmt: skip
+    if acceptance_unwidened:
+        with open(acceptance_unwidened) as f:
+            narrow = {(r["source"], r["num_steps"]): r for r in csv.DictReader(f)}
+        rows = [[r["source"], r["num_steps"], narrow[(r["source"], r["num_steps"])]["tau"], r["tau"],
+                 f"{float(r['tau']) / float(narrow[(r['source'], r['num_steps'])]['tau']):.4f}"]
+                for r in acc_rows if (r["source"], r["num_steps"]) in narrow]  # fmt: skip
+        parts += ["", "The same prompts on the target and drafter before widening (`" + acceptance_unwidened + "`):", "",
+                  _table(["source", "k", "τ before widening", "τ widened", "ratio"], rows)]  # fmt: skip
 
     if plots_dir:
         plots.training(pd.read_csv(train_metrics), Path(plots_dir) / "training.png")
@@ -146,6 +161,8 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
         parts += sweep_sections(config, sweep, plots_dir, out)
 
     stages = [s for s in STAGES if s != "regenerate" or regen_summary]
+    if acceptance_unwidened:
+        stages += ["widen", "acceptance_unwidened"]
     stages += [f"bench_{v}" for v in sorted(sweep.variant.unique())] if sweep is not None else []
     times = stage_times(Path(stage_times_dir), stages)
     if times:
@@ -155,6 +172,11 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     parts.append("")
     with atomic_path(out) as tmp:
         tmp.write_text("\n".join(parts))
+
+
+def _shape(s: dict) -> str:
+    return (f"hidden {s['hidden_size']}, {s['num_layers']} layers, MLP {s['intermediate_size']}, "
+            f"{s['num_heads']} query / {s['num_kv_heads']} KV heads")
 
 
 def _rel(plots_dir: str, out: str) -> str:
