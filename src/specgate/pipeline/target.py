@@ -128,4 +128,3 @@ def materialize_target(
         write_json(tmp / "manifest.json", manifest)
     log.info("target written to %s: %s", out_dir, json.dumps(manifest))
     return manifest
-
