@@ -30,13 +30,16 @@ ACCEPTANCE = "results/acceptance.csv"  # the served pair: widened target and dra
 TARGET_WIDENED = "results/target_widened"
 DRAFTER_WIDENED = "results/drafter_widened"
 ACCEPTANCE_UNWIDENED = "results/acceptance_unwidened.csv"  # the narrow pair, to check that widening kept acceptance
-BENCH_RECORDS = "results/bench/{variant}.jsonl"
-BENCH_SUMMARY = "results/bench/{variant}.csv"
+# One job per variant and round: round r of every variant runs after round r-1 of all of them.
+BENCH_RECORDS = "results/bench/{variant}/round{round}.jsonl"
+BENCH_SUMMARY = "results/bench/{variant}/round{round}.csv"
 BENCH_WORK = "results/bench/work"
 REPORT = "results/report.md"
 REPORT_DIR = "results/report"
 PROVENANCE = "results/report/provenance.json"
 PLOT = "results/report/{name}.png"
+LEVELS = "results/report/levels.csv"  # per variant and level: median over rounds and its interval
+RECOMMENDATION = "results/report/recommendation.json"
 ARCHIVE = "results/archive/{run_id}.tar.gz"
 LOGS = "results/logs"
 STAGE_TIMES = "results/benchmarks"  # Snakemake's `benchmark:` TSV of each job
@@ -50,8 +53,12 @@ def stage_times(name: str) -> str:
     return f"{STAGE_TIMES}/{name}.tsv"
 
 
-def bench_summary(variant: str) -> str:
-    return BENCH_SUMMARY.format(variant=variant)
+def bench_summary(variant: str, round: int) -> str:
+    return BENCH_SUMMARY.format(variant=variant, round=round)
+
+
+def bench_records(variant: str, round: int) -> str:
+    return BENCH_RECORDS.format(variant=variant, round=round)
 
 
 def served_target(widened: bool) -> str:
@@ -63,7 +70,8 @@ def served_drafter(widened: bool) -> str:
 
 
 def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool = False) -> dict:
-    """Every file the report reads, by the name `write_report` takes it under."""
+    """Every file the report reads, by the name `write_report` takes it under. Each bench summary
+    (`<variant>/round<r>.csv`) brings its per-request records (`.jsonl`) beside it."""
     inputs = {
         "target": served_target(widened),
         "data_summary": DATA_SUMMARY,
@@ -74,6 +82,7 @@ def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool
         "acceptance": ACCEPTANCE,
         "drafter": served_drafter(widened),
         "bench_summaries": list(bench_summaries),
+        "bench_records": [s.removesuffix(".csv") + ".jsonl" for s in bench_summaries],
     }
     if regenerate:
         inputs["regen_summary"] = REGEN_SUMMARY

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe"]
+SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe",
+           "reproducibility"]
 TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
 
@@ -168,3 +169,11 @@ def test_recipe_rows_change_one_thing_at_a_time():
     for key in ("init", "warmup_steps", "min_lr_ratio"):
         assert final[key] == defaults[key], key
     assert rows[-1][2] == {"regenerated": True, "mask_end_of_turn": True}
+
+
+def test_reproducibility_agreement_on_given_runs():
+    agreement = load("reproducibility").agreement
+    runs = [{"pick": "gate_4", "within_noise": ["gate_4", "gate_8"]}, {"pick": "gate_4", "within_noise": ["gate_4"]},
+            {"pick": "gate_2", "within_noise": ["gate_2", "gate_4"]}, {"pick": "gate_4", "within_noise": ["gate_4", "gate_8"]}]
+    assert agreement(runs) == ("The modal pick, gate_4, recurs in 3 of 4 runs. The modal within-noise set, {gate_4, gate_8}, "
+                               "recurs in 2 of 4; 4 of 4 runs name gate_4 within noise of their best gate.")  # fmt: skip

@@ -1,6 +1,7 @@
 """Real Snakemake runs on a tiny config: full chain, no-op rerun, and rerun granularity."""
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -63,7 +64,7 @@ def workdir(tmp_path_factory, tiny_llama_dir):
     config["train"] |= {"ttt_length": 2, "epochs": 1, "batch_tokens": 1024, "checkpoint_every": 5}
     config["acceptance"] |= {"num_steps": [2], "max_new_tokens": 8, "prompts_per_source": 2, "batch_size": 2}
     config["serve"] = {"num_steps": 2, "max_running": 4, "max_len": 512, "ready_timeout": 120}
-    config["bench"] = {"thresholds": [2], "concurrency": [1, 2], "min_requests": 2, "requests_per_concurrency": 1,
+    config["bench"] = {"thresholds": [2], "concurrency": [1, 2], "rounds": 2, "min_requests": 2, "requests_per_concurrency": 1,
                        "warmup_requests": 1, "prompts": 6, "max_tokens": 8}  # fmt: skip
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     # A private copy of the package, first on PYTHONPATH, so the test can edit its code.
@@ -87,14 +88,23 @@ def test_full_chain_builds_every_artifact(workdir):
         assert section in report
     assert "## Recommended threshold\n\n**" in report and "(gate_2)" in report
     assert "Served widened (`target.widen`)" in report and "τ before widening" in report
+    assert "median over rounds [90% bootstrap interval]" in report
     for rule in ["target", "widen", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance",
-                 "acceptance_unwidened", "report",
-                 "bench/nospec", "bench/always", "bench/gate_2"]:  # fmt: skip
+                 "acceptance_unwidened", "report", *[f"bench/{v}.round{r}" for v in ("nospec", "always", "gate_2")
+                                                     for r in (0, 1)]]:  # fmt: skip
         assert (work / f"results/logs/{rule}.log").exists(), rule
     for variant in ["nospec", "always", "gate_2"]:
-        summary = (work / f"results/bench/{variant}.csv").read_text().splitlines()
-        assert len(summary) == 3 and summary[0].startswith("variant,engine,server_version,disable_at")
-        assert len((work / f"results/bench/{variant}.jsonl").read_text().splitlines()) == 2 + 2
+        for r in (0, 1):
+            summary = (work / f"results/bench/{variant}/round{r}.csv").read_text().splitlines()
+            assert len(summary) == 3 and summary[0].startswith("variant,engine,server_version,disable_at,enable_at,round")
+            assert len((work / f"results/bench/{variant}/round{r}.jsonl").read_text().splitlines()) == 2 + 2
+    # interleaved: every round-1 job ran after every round-0 job
+    first = [(work / f"results/bench/{v}/round0.csv").stat().st_mtime for v in ("nospec", "always", "gate_2")]
+    second = [(work / f"results/bench/{v}/round1.jsonl").stat().st_mtime for v in ("nospec", "always", "gate_2")]
+    assert min(second) > max(first)
+    levels = (work / "results/report/levels.csv").read_text().splitlines()
+    assert len(levels) == 1 + 3 * 2 and "output_throughput_lo" in levels[0]
+    assert json.loads((work / "results/report/recommendation.json").read_text())["pick"] == "gate_2"
     for plot in ["training", "throughput", "latency", "envelope", "cost_model"]:
         assert (work / f"results/report/{plot}.png").read_bytes()[:4] == b"\x89PNG"
     # no server outlives the workflow
@@ -132,6 +142,7 @@ DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "acceptance_unwidened"
         ("model/widen", {"widen", "export", "acceptance", "acceptance_unwidened", "bench", "report"}),
         ("sweep/load_client", {"bench", "report"}),
         ("report/cost_model", {"report"}),
+        ("report/uncertainty", {"report"}),
         ("pipeline/vocab", {"vocab"} | DOWNSTREAM_OF_CAPTURE),
         ("pipeline/capture", {"capture"} | DOWNSTREAM_OF_CAPTURE),
         # train imports capture (batch planning): editing either reruns training
@@ -214,8 +225,8 @@ def test_a_new_threshold_runs_only_its_own_server(workdir):
     cfg_path.write_text(yaml.safe_dump(cfg))
     try:
         out = snakemake(work, "-n", "results/report.md", env=env)
-        assert planned_counts(out) == {"bench": 1, "report": 1}
-        assert "results/bench/gate_3.csv" in out and "results/bench/gate_2.csv" not in out.split("rule report")[0]
+        assert planned_counts(out) == {"bench": 2, "report": 1}  # its two rounds
+        assert "results/bench/gate_3/round1.csv" in out and "results/bench/gate_2/round0.csv" not in out.split("rule report")[0]
     finally:
         cfg_path.write_text(original)
 
@@ -257,7 +268,7 @@ def test_every_example_config_plans_the_whole_chain(tmp_path, example):
     bench = cfg["bench"]
     variants = 2 + len(bench.get("thresholds", [2, 4, 8])) + len(bench.get("hysteresis", []))
     variants += len(bench.get("steps0_thresholds", []))
-    assert counts["bench"] == variants and counts["report"] == counts["archive"] == 1
+    assert counts["bench"] == variants * bench.get("rounds", 3) and counts["report"] == counts["archive"] == 1
     assert {"capture", "train", "export", "acceptance"} <= set(counts)
 
 
@@ -295,14 +306,14 @@ def test_sigkill_of_snakemake_stops_the_bench_job_and_its_server(workdir, tmp_pa
     copy = tmp_path / "copy"
     shutil.copytree(work, copy, symlinks=True, ignore=shutil.ignore_patterns("archive", "bench"))  # no old server logs
     cfg = yaml.safe_load((copy / "config.yaml").read_text())
-    cfg["bench"] |= {"concurrency": [1], "requests_per_concurrency": 500, "min_requests": 500}  # minutes of work
+    cfg["bench"] |= {"concurrency": [1], "requests_per_concurrency": 500, "min_requests": 500, "rounds": 1}  # minutes of work
     (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(copy),
-         "--configfile", str(copy / "config.yaml"), "--cores", "2", "results/bench/nospec.csv"],
+         "--configfile", str(copy / "config.yaml"), "--cores", "2", "results/bench/nospec/round0.csv"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
     try:
-        server_log = copy / "results/logs/bench/nospec.server.log"
+        server_log = copy / "results/logs/bench/nospec.round0.server.log"
         deadline = time.monotonic() + 180
         while b"/v1/chat/completions" not in (server_log.read_bytes() if server_log.exists() else b""):
             assert proc.poll() is None and time.monotonic() < deadline, "the bench job did not start measuring"

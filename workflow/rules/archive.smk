@@ -6,7 +6,8 @@ rule archive:
         report=paths.REPORT,
         provenance=paths.PROVENANCE,
         plots=[paths.PLOT.format(name=name) for name in PLOTS],
-        records=[paths.BENCH_RECORDS.format(variant=v) for v in sweep_variants()],
+        levels=paths.LEVELS,
+        recommendation=paths.RECOMMENDATION,
     output:
         paths.ARCHIVE.format(run_id=run_id()),
     log:

@@ -1,4 +1,5 @@
-# The threshold sweep: one job per server variant, each running every concurrency level.
+# The threshold sweep: one job per server variant and round, each running every concurrency
+# level once. Round r of every variant runs before round r+1 of any (round_priority).
 # Jobs never overlap: on CPU each takes every core, and bench_slot=1 (profiles/default)
 # keeps GPU runs apart too.
 rule bench:
@@ -8,12 +9,14 @@ rule bench:
         records=paths.BENCH_RECORDS,
         summary=paths.BENCH_SUMMARY,
     log:
-        main=paths.log("bench/{variant}"),
-        server=f"{paths.LOGS}/bench/{{variant}}.server.log",
+        main=paths.log("bench/{variant}.round{round}"),
+        server=f"{paths.LOGS}/bench/{{variant}}.round{{round}}.server.log",
     benchmark:
-        paths.stage_times("bench_{variant}")
+        paths.stage_times("bench_{variant}.round{round}")
     wildcard_constraints:
         variant="nospec|always|gate_[0-9]+(_[0-9]+)?|steps0_[0-9]+",
+        round="[0-9]+",
+    priority: round_priority
     conda:
         "../../envs/specgate.yaml"
     threads: all_cores
@@ -27,6 +30,7 @@ rule bench:
         serve=config["serve"],
         device=config["device"],
         seed=config["seed"],
+        round=lambda wildcards: int(wildcards.round),
         work_dir=paths.BENCH_WORK,
         code=fingerprint("sweep.bench", "engine.server"),  # and the server it launches
     script:

@@ -93,11 +93,12 @@ def variant_params(wildcards):
 
 
 def level_params():
-    """Benchmark settings shared by every variant (the variant list itself excluded)."""
+    """Benchmark settings shared by every variant (the variant list itself excluded). `rounds` is
+    left out too: more rounds add jobs and leave the existing ones as they are."""
     return {
         k: v
         for k, v in config["bench"].items()
-        if k not in ("thresholds", "hysteresis", "steps0_thresholds")
+        if k not in ("thresholds", "hysteresis", "steps0_thresholds", "rounds")
     }
 
 
@@ -116,8 +117,28 @@ def bench_inputs(wildcards):
     return inputs
 
 
+def round_priority(wildcards):
+    """Rounds interleave: every job of round r has a higher priority than any of round r+1, so with
+    one bench job at a time (bench_slot=1) round r of every variant runs before round r+1 of any, and
+    slow drift on the host reaches all variants alike. A priority, not an input: a variant added
+    later runs its own rounds and leaves the others' as they are."""
+    return 1000 - int(wildcards.round)
+
+
 def bench_summaries(wildcards=None):
-    return [paths.bench_summary(v) for v in sweep_variants()]
+    return [
+        paths.bench_summary(v, r)
+        for r in range(config["bench"]["rounds"])
+        for v in sweep_variants()
+    ]
+
+
+def bench_records(wildcards=None):
+    return [
+        paths.bench_records(v, r)
+        for r in range(config["bench"]["rounds"])
+        for v in sweep_variants()
+    ]
 
 
 def run_id():

@@ -4,6 +4,8 @@ rule report:
     output:
         report=paths.REPORT,
         provenance=paths.PROVENANCE,
+        levels=paths.LEVELS,
+        recommendation=paths.RECOMMENDATION,
         plots=[
             report(
                 paths.PLOT.format(name=name),

@@ -3,9 +3,10 @@ from specgate.report.archive import write_archive
 
 with stage_log(snakemake.log[0]):
     inputs = dict(snakemake.input.items())
-    extra = [inputs.pop(k) for k in ("report", "provenance")]
-    extra += list(inputs.pop("plots")) + list(inputs.pop("records"))
+    extra = [inputs.pop(k) for k in ("report", "provenance", "levels", "recommendation")]
+    extra += list(inputs.pop("plots"))
     inputs["bench_summaries"] = list(inputs["bench_summaries"])
+    inputs["bench_records"] = list(inputs["bench_records"])
     write_archive(
         snakemake.output[0],
         run_id=snakemake.params.run_id,

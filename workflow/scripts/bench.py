@@ -16,4 +16,5 @@ with stage_log(snakemake.log.main):
         work_dir=snakemake.params.work_dir,
         device=snakemake.params.device,
         seed=snakemake.params.seed,
+        round=snakemake.params.round,
     )

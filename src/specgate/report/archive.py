@@ -90,14 +90,15 @@ def rebuild_report(archive: str, dest: str) -> Path:
     config = yaml.safe_load((root / "meta/config.yaml").read_text())
     provenance = read_json(root / layout.PROVENANCE)
     (root / layout.REPORT).rename(root / layout.REPORT.replace(".md", ".archived.md"))
-    bench = sorted(str(p.relative_to(root)) for p in (root / layout.BENCH_SUMMARY).parent.glob("*.csv"))
+    bench = sorted(str(p.relative_to(root)) for p in (root / layout.RESULTS / "bench").glob("*/round*.csv"))
     inputs = layout.report_inputs(regenerate=(root / layout.REGEN_SUMMARY).exists(), bench_summaries=bench,
                                   widened=(root / layout.TARGET_WIDENED).exists())
     cwd = os.getcwd()
     os.chdir(root)  # the report quotes relative paths: rebuild with the same ones
     try:
         write_report(layout.REPORT, config=config, provenance=provenance, stage_times_dir=layout.STAGE_TIMES,
-                     plots_dir=layout.REPORT_DIR, **inputs)
+                     plots_dir=layout.REPORT_DIR, levels_out=layout.LEVELS, recommendation_out=layout.RECOMMENDATION,
+                     **inputs)
     finally:
         os.chdir(cwd)
     return root / layout.REPORT

@@ -55,9 +55,11 @@ def throughput(summary, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for v in _variant_order(summary.variant.unique()):
         d = summary[summary.variant == v].sort_values("concurrency")
-        ax.plot(d.concurrency, d.output_throughput, marker="o", label=v, lw=2 if v in ("nospec", "always") else 1)
+        line = ax.plot(d.concurrency, d.output_throughput, marker="o", label=v, lw=2 if v in ("nospec", "always") else 1)
+        if "output_throughput_lo" in d:  # the 90% bootstrap interval of each level's median over rounds
+            ax.fill_between(d.concurrency, d.output_throughput_lo, d.output_throughput_hi, color=line[0].get_color(), alpha=0.15)
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="concurrency", ylabel="output tok/s", title="Throughput against concurrency")
+    ax.set(xlabel="concurrency", ylabel="output tok/s", title="Throughput against concurrency (bands: 90% intervals)")
     ax.legend()
     _save(fig, path)
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 
 from specgate import layout
-from specgate.files import atomic_path, write_json
+from specgate.files import atomic_path, read_jsonl, write_json
 from specgate.report import cost_model as cm
 from specgate.report import plots
+from specgate.report import uncertainty as un
 from specgate.report.provenance import provenance as collect_provenance
 
 
@@ -65,7 +66,8 @@ def training_summary(metrics_csv: str, last: int = 20) -> str:
     return f"{len(rows)} steps, {int(float(rows[-1]['epoch'])) + 1} epoch(s). Per-step metrics: `{metrics_csv}`.\n\n{table}"
 
 
-def build_report(out: str, *, provenance_out: str, repo: str, config: dict, **inputs) -> None:
+def build_report(out: str, *, provenance_out: str, repo: str, config: dict, levels_out: str | None = None,
+                 recommendation_out: str | None = None, **inputs) -> None:  # fmt: skip
     """The workflow's report job: record provenance, then write the report from it."""
     prov = collect_provenance(repo, config)
     summaries = [pd.read_csv(p) for p in inputs.get("bench_summaries", [])]
@@ -74,13 +76,14 @@ def build_report(out: str, *, provenance_out: str, repo: str, config: dict, **in
         prov["engine"] = str(first.engine.iloc[0])
         prov["server_version"] = str(first.server_version.iloc[0])
     write_json(provenance_out, prov)
-    write_report(out, config=config, provenance=prov, **inputs)
+    write_report(out, config=config, provenance=prov, levels_out=levels_out, recommendation_out=recommendation_out, **inputs)
 
 
 def write_report(out: str, *, config: dict, provenance: dict, target: str, data_summary: str, tokens_summary: str,
                  capture_index: str, vocab_summary: str, train_metrics: str, acceptance: str, drafter: str,
                  bench_summaries: list[str] = (), regen_summary: str | None = None,
-                 acceptance_unwidened: str | None = None, stage_times_dir: str = layout.STAGE_TIMES,
+                 acceptance_unwidened: str | None = None, bench_records: list[str] = (),
+                 levels_out: str | None = None, recommendation_out: str | None = None, stage_times_dir: str = layout.STAGE_TIMES,
                  plots_dir: str | None = None) -> None:  # fmt: skip
     prov = provenance
     manifest = _json(Path(target) / "manifest.json")
@@ -156,14 +159,27 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     if plots_dir:
         plots.training(pd.read_csv(train_metrics), Path(plots_dir) / "training.png")
         parts += ["", f"![training curves]({_rel(plots_dir, out)}/training.png)"]
-    sweep = pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True) if bench_summaries else None
-    if sweep is not None:
-        parts += sweep_sections(config, sweep, plots_dir, out)
+    sweep = decision = None
+    if bench_summaries:
+        rounds = pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True)
+        records = pd.DataFrame([r for p in bench_records for r in read_jsonl(p)],
+                               columns=["variant", "concurrency", "round", "output_tokens", "e2e_s", "error"])  # fmt: skip
+        boot = un.bootstrap_levels(rounds, records, seed=int(config.get("seed", 0)))
+        sweep = un.intervals(un.aggregate_rounds(rounds), boot)
+        if {"nospec", "always"} <= set(sweep.variant):
+            decision = un.decide(sweep, boot)
+        parts += sweep_sections(config, sweep, plots_dir, out, decision)
+        if levels_out:
+            with atomic_path(levels_out) as tmp:
+                sweep.to_csv(tmp, index=False)
+    if recommendation_out:
+        write_json(recommendation_out, decision.to_dict() if decision else {"verdict": None})
 
     stages = [s for s in STAGES if s != "regenerate" or regen_summary]
     if acceptance_unwidened:
         stages += ["widen", "acceptance_unwidened"]
-    stages += [f"bench_{v}" for v in sorted(sweep.variant.unique())] if sweep is not None else []
+    if sweep is not None:
+        stages += [f"bench_{v}.round{r}" for r in range(int(sweep["rounds"].max())) for v in sorted(sweep.variant.unique())]
     times = stage_times(Path(stage_times_dir), stages)
     if times:
         total = sum(float(r[1]) for r in times)
@@ -211,17 +227,11 @@ def gate_off_comparison(summary: pd.DataFrame) -> str | None:
     return _table(["threshold", "concurrency", "no-spec tok/s", "true-off gate ÷ no-spec", "SGLang steps=0 ÷ no-spec"], rows)
 
 
-def recommend(eff: pd.DataFrame) -> pd.Series | None:
-    """The gate with the best worst-case envelope efficiency; near-ties go to the better mean."""
-    gates = eff[eff.variant.str.startswith("gate_")]
-    if gates.empty:
-        return None
-    best = gates.envelope_efficiency.max()
-    close = gates[gates.envelope_efficiency >= best - 0.005]
-    return close.sort_values("mean_efficiency", ascending=False).iloc[0]
+def _threshold(levels: pd.DataFrame, gate: str) -> int:
+    return int(levels[levels.variant == gate].disable_at.iloc[0])
 
 
-def rationale(summary: pd.DataFrame, eff: pd.DataFrame, pick: pd.Series, model: cm.CostModel) -> str:
+def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel) -> str:
     thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
     lo, hi = thr.index.min(), thr.index.max()
     gain_lo, gain_hi = thr.at[lo, "always"] / thr.at[lo, "nospec"], thr.at[hi, "always"] / thr.at[hi, "nospec"]
@@ -233,24 +243,39 @@ def rationale(summary: pd.DataFrame, eff: pd.DataFrame, pick: pd.Series, model: 
     else:
         where = (f"always-on speculation is ×{gain_lo:.2f} no-spec at concurrency {lo} and ×{gain_hi:.2f} at {hi}, "
                  f"and the two curves cross at about {crossing:.1f} concurrent requests")  # fmt: skip
-    others = eff[eff.variant.str.startswith("gate_") & (eff.variant != pick.variant)].sort_values(
-        "envelope_efficiency", ascending=False)  # fmt: skip
-    runner_up = (f" The next best gate, {others.iloc[0].variant}, keeps {others.iloc[0].envelope_efficiency:.3f}."
-                 if not others.empty else "")  # fmt: skip
+    pays = ", ".join(map(str, decision.pays)) or "none"
+    loses = ", ".join(map(str, decision.loses)) or "none"
+    noise = (f"Beyond noise (always-on ahead of no-spec in ≥ {100 - 5 / len(thr.index):.2f}% of bootstrap draws, or in "
+             f"≤ 5%), speculation pays at concurrency {pays} and loses at {loses}.")  # fmt: skip
+    pick, env = decision.pick, decision.envelope[decision.pick]
+    keeps = (f"kept {env[0]:.3f} [{env[1]:.3f}–{env[2]:.3f}] of the better of no-spec and always-on at every measured "
+             f"concurrency (worst at {decision.worst_concurrency[pick]}, mean {decision.mean_efficiency[pick]:.3f})")  # fmt: skip
+    if len(decision.within_noise) > 1:
+        tied = ", ".join(f"{g} ({decision.envelope[g][0]:.3f} [{decision.envelope[g][1]:.3f}–{decision.envelope[g][2]:.3f}])"
+                         for g in decision.within_noise)  # fmt: skip
+        choice = (f" **Within noise of each other: {tied}.** Among them the report picks the lowest threshold, the gate "
+                  f"that stops speculating first as load grows.")  # fmt: skip
+    else:
+        others = sorted((g for g in decision.envelope if g.startswith("gate_") and g != pick),
+                        key=lambda g: -decision.envelope[g][0])  # fmt: skip
+        choice = (f" No other gate is within noise of it; the next best, {others[0]}, keeps "
+                  f"{decision.envelope[others[0]][0]:.3f} [{decision.envelope[others[0]][1]:.3f}–"
+                  f"{decision.envelope[others[0]][2]:.3f}]." if others else "")  # fmt: skip
     b = model.crossover()
     pred = ("the cost model predicts speculation pays at every batch size" if math.isinf(b) else
             "the cost model predicts speculation never pays" if b == 0 else
             f"the cost model (τ = {model.tau:.2f}) puts the crossover at batch {b:.1f}, i.e. a threshold of {model.threshold()}")  # fmt: skip
-    if crossing == 0:
-        return (f"**Speculation did not pay at any measured load: serve without it,** or, if it must stay on, gate it at "
-                f"{int(pick.disable_at)} running requests ({pick.variant}), which kept {pick.envelope_efficiency:.3f} of "
-                f"the better of no-spec and always-on at every measured concurrency (worst at "
-                f"{int(pick.worst_concurrency)}, mean {pick.mean_efficiency:.3f}). With the drafter's measured accept "
-                f"length, {where}.{runner_up} For comparison, {pred}.")  # fmt: skip
-    return (f"**Stop speculating at {int(pick.disable_at)} running requests ({pick.variant}).** With the drafter's measured "
-            f"accept length, {where}. Gated at {int(pick.disable_at)}, the server kept at least "
-            f"{pick.envelope_efficiency:.3f} of the better of no-spec and always-on at every measured concurrency "
-            f"(worst at {int(pick.worst_concurrency)}, mean {pick.mean_efficiency:.3f}).{runner_up} For comparison, {pred}.")
+    t = _threshold(summary, pick)
+    if decision.verdict == "no speculation":
+        return (f"**Speculation lost beyond noise at every measured load: serve without it,** or, if it must stay on, "
+                f"gate it at {t} running requests ({pick}), which {keeps}. With the drafter's measured accept length, "
+                f"{where}. {noise}{choice} For comparison, {pred}.")  # fmt: skip
+    if decision.verdict == "break-even":
+        return (f"**Speculation is at break-even here:** it won beyond noise at no measured load. If it stays on, gate "
+                f"it at {t} running requests ({pick}), which {keeps}. With the drafter's measured accept length, "
+                f"{where}. {noise}{choice} For comparison, {pred}.")  # fmt: skip
+    return (f"**Stop speculating at {t} running requests ({pick}).** With the drafter's measured accept length, {where}. "
+            f"{noise} Gated at {t}, the server {keeps}.{choice} For comparison, {pred}.")
 
 
 def accept_title(summary: pd.DataFrame) -> str:
@@ -265,7 +290,21 @@ def accept_title(summary: pd.DataFrame) -> str:
             "on gated servers it includes gate-off steps, counted as 1)")
 
 
-def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, out: str) -> list[str]:
+def _with_interval(summary: pd.DataFrame, variants: list[str]) -> str:
+    """Throughput medians over rounds with their 90% bootstrap interval."""
+    idx = summary.set_index(["concurrency", "variant"])
+    rows = []
+    for c in sorted(summary.concurrency.unique()):
+        cells = []
+        for v in variants:
+            r = idx.loc[(c, v)] if (c, v) in idx.index else None
+            cells.append("-" if r is None else f"{r.output_throughput:.1f} [{r.output_throughput_lo:.1f}–{r.output_throughput_hi:.1f}]")
+        rows.append([c, *cells])
+    return _table(["concurrency", *variants], rows)
+
+
+def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, out: str,
+                   decision: un.Decision | None = None) -> list[str]:  # fmt: skip
     variants = plots._variant_order(summary.variant.unique())
     bench, serve = config["bench"], config["serve"]
     eng = summary.engine.iloc[0]
@@ -273,9 +312,13 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
              f"Engine `{eng}` (server version {summary.server_version.iloc[0]}), {serve['num_steps']} draft steps, top-k 1; "
              f"closed loop over the OpenAI streaming API, {bench['max_tokens']} output tokens per request "
              f"(ignore_eos={bench['ignore_eos']}), greedy; max(min_requests={bench['min_requests']}, "
-             f"{bench['requests_per_concurrency']}×concurrency) requests per level after {bench['warmup_requests']} "
-             "warm-up requests. Per-request records: `results/bench/<variant>.jsonl`; summaries: `results/bench/<variant>.csv`.",
-             "", "### Output throughput (tok/s)", "", _by_concurrency(summary, "output_throughput", variants),
+             f"{bench['requests_per_concurrency']}×concurrency) requests per level and round after {bench['warmup_requests']} "
+             f"warm-up requests, in {int(summary['rounds'].max())} interleaved rounds (round r of every variant after "
+             "round r-1 of all). Each cell is the median over rounds; latency and accept-length cells are medians of "
+             "the rounds' own figures. Per-request records: `results/bench/<variant>/round<r>.jsonl`; per-round "
+             "summaries: `results/bench/<variant>/round<r>.csv`; medians and intervals: `results/report/levels.csv`.",
+             "", "### Output throughput (tok/s): median over rounds [90% bootstrap interval]", "",
+             _with_interval(summary, variants),
              "", "### Median TTFT (ms)", "", _by_concurrency(summary, "median_ttft_ms", variants, 0),
              "", "### Median ITL (ms)", "", _by_concurrency(summary, "median_itl_ms", variants),
              "", "### p99 ITL (ms)", "", _by_concurrency(summary, "p99_itl_ms", variants),
@@ -289,19 +332,21 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
         rel = _rel(plots_dir, out)
         parts += ["", f"![throughput]({rel}/throughput.png)", "", f"![latency]({rel}/latency.png)"]
 
-    if not {"nospec", "always"} <= set(variants):
+    if decision is None:
         return parts + ["", "The sweep lacks nospec or always: no envelope or recommendation."]
-    eff = cm.envelope_efficiency(summary)
-    eff = eff.merge(summary.groupby("variant")[["disable_at", "enable_at"]].first().reset_index(), on="variant")
+    eff = summary.groupby("variant")[["disable_at", "enable_at"]].first()
     model, steps = cm.fit(summary)
     concurrencies = sorted(summary.concurrency.unique())
     parts += ["", "## Envelope efficiency", "",
-              "Per variant: the minimum over concurrencies of its throughput ÷ max(no-spec, always-on) at that concurrency.", "",
-              _table(["variant", "envelope efficiency", "worst at concurrency", "mean over concurrencies", "cost model predicts"],
-                     [[r.variant, f"{r.envelope_efficiency:.3f}", int(r.worst_concurrency), f"{r.mean_efficiency:.3f}",
-                       f"{cm.predicted_envelope(model, concurrencies, int(r.disable_at)):.3f}"
-                       if r.variant.startswith("gate_") and pd.isna(r.enable_at) else "-"]
-                      for r in eff.set_index("variant").loc[variants].reset_index().itertuples()])]  # fmt: skip
+              "Per variant: the minimum over concurrencies of its throughput ÷ max(no-spec, always-on) at that concurrency, "
+              "from the level medians, with its 90% bootstrap interval.", "",
+              _table(["variant", "envelope efficiency [90% interval]", "worst at concurrency", "mean over concurrencies",
+                      "cost model predicts"],
+                     [[v, "{:.3f} [{:.3f}–{:.3f}]".format(*decision.envelope[v]), decision.worst_concurrency[v],
+                       f"{decision.mean_efficiency[v]:.3f}",
+                       f"{cm.predicted_envelope(model, concurrencies, int(eff.at[v, 'disable_at'])):.3f}"
+                       if v.startswith("gate_") and pd.isna(eff.at[v, "enable_at"]) else "-"]
+                      for v in variants])]  # fmt: skip
     if plots_dir:
         plots.envelope(summary, Path(plots_dir) / "envelope.png")
         parts += ["", f"![envelope]({_rel(plots_dir, out)}/envelope.png)"]
@@ -311,9 +356,9 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
                   "At concurrency ≥ 2 × threshold the gate is off for most steps; throughput ÷ no-spec at the same level.",
                   "", off]  # fmt: skip
 
-    pick = recommend(eff)
+    pick = decision.pick
     parts += ["", "## Recommended threshold", ""]
-    parts.append(rationale(summary, eff, pick, model) if pick is not None else "No gated variant in the sweep.")
+    parts.append(rationale(summary, decision, model) if pick is not None else "No gated variant in the sweep.")
 
     thresholds = sorted({int(t) for t in eff.disable_at.dropna()})
     pred_best = max(thresholds, key=lambda t: cm.predicted_envelope(model, concurrencies, t)) if thresholds else None
@@ -330,7 +375,7 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
                   ["crossover batch", "∞" if math.isinf(b) else f"{b:.1f}",
                    (lambda m: "∞" if math.isinf(m) else f"{m:.1f}")(cm.measured_crossover(summary))],
                   ["best threshold among those swept", pred_best if pred_best is not None else "-",
-                   int(pick.disable_at) if pick is not None else "-"]]), "",
+                   _threshold(summary, pick) if pick is not None else "-"]]), "",
               _table(["concurrency", "nospec measured", "nospec predicted", "always measured", "always predicted"], [
                   [c, _fmt(summary[(summary.variant == "nospec") & (summary.concurrency == c)].output_throughput.iloc[0]),
                    _fmt(float(model.nospec_throughput(c))),

@@ -50,8 +50,9 @@ def _get_json(url: str) -> dict:
 
 def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target: str, drafter: str | None,
                 eval_jsonl: str, records_out: str, summary_out: str, server_log: str, work_dir: str, device: str,
-                seed: int, on_ready=None) -> pd.DataFrame:  # fmt: skip
+                seed: int, round: int = 0, on_ready=None) -> pd.DataFrame:  # fmt: skip
     """`variant`: a launcher.Variant as a dict; `bench`: the bench config (levels, requests, limits).
+    `round`: which of the sweep's interleaved rounds this is; recorded with every row and request.
 
     `on_ready(url, model, prompts)`, if given, runs once the server is up, before the levels."""
     from specgate.runtime import pick_device
@@ -95,7 +96,8 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
     summary.insert(2, "server_version", str(info.get("version")))
     summary.insert(3, "disable_at", variant.disable_at)
     summary.insert(4, "enable_at", variant.enable_at)
-    write_jsonl(records_out, records)
+    summary.insert(5, "round", round)
+    write_jsonl(records_out, [{**r, "round": round} for r in records])
     with atomic_path(summary_out) as tmp:
         summary.to_csv(tmp, index=False)
     return summary

@@ -1,0 +1,152 @@
+"""How sure the sweep is: medians over interleaved rounds, bootstrap intervals, and a
+recommendation that says when its candidates are within noise of each other.
+
+A level's throughput in one round is output tokens ÷ wall time of that round's closed loop.
+The requests of one round share batches, so they are not independent draws: the round is the
+unit of measurement (its own server start, its own closed loop). Rounds are few, 3 by
+default, and a bootstrap over 3 values cannot see past them: the median of 3 draws from 3
+values never leaves their range. With identical truths it called always-on better than
+no-spec at some level of a 4-level sweep in 8 of 20 synthetic sweeps.
+
+So the noise is pooled: each round's deviation from its cell's mean (relative, scaled by
+sqrt(n / (n - 1))) is pooled over every variant and level of the sweep, since they ran on
+the same host in the same way, and each cell is redrawn as its mean times (1 + pooled
+deviations), one per round. The statistic is the median over rounds, as the point estimate
+is. With a single round there are no deviations to pool, and the requests of that round are
+resampled instead (Little's law: tokens ÷ end-to-end seconds). Intervals are the 5th to 95th
+percentiles (90%).
+
+The decision rule (`decide`) works on the same bootstrap draws:
+
+- Speculation **loses** at a level when always-on beats no-spec in ≤ 5% of draws.
+  "Serve without speculation" needs a loss at every level.
+- It **pays** at a level when always-on wins in ≥ 1 - 5%/L of draws, L being the number of
+  levels: any one of L levels may pay by chance, so each is held to 5%/L. With a pay at no
+  level, speculation is "break-even"; with one, the report recommends a gate.
+- A gate is **within noise** of the best one (highest envelope efficiency) when its envelope
+  efficiency reaches the best's in ≥ 10% of draws. From that set the report picks the most
+  conservative gate: the lowest threshold, which stops speculating first as load grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+DRAWS = 2000
+INTERVAL = (5.0, 95.0)
+SURE = 0.95  # share of draws for "pays" (and 1 - SURE for "loses")
+TIE = 0.10  # share of draws in which a gate reaches the best one's envelope efficiency
+
+
+def aggregate_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per variant and level: the median over rounds of every measured column; counts summed."""
+    keys = ["variant", "concurrency"]
+    summed = ["completed", "failed", "total_output_tokens", "duration", "gate_steps_on", "gate_steps_off"]
+    first = ["engine", "server_version", "disable_at", "enable_at", "accept_length_source"]
+    numeric = [c for c in rounds.columns if c not in keys + summed + first + ["round", "errors"]
+               and pd.api.types.is_numeric_dtype(rounds[c])]  # fmt: skip
+    g = rounds.groupby(keys, sort=False)
+    out = g[numeric].median()
+    out = out.join(g[[c for c in summed if c in rounds]].sum(min_count=1))
+    out = out.join(g[[c for c in first if c in rounds]].first())
+    out["rounds"] = g.size()
+    out["errors"] = g["errors"].agg(lambda e: "; ".join(sorted({str(x) for x in e.dropna() if str(x)})) or np.nan)
+    out["error_rate"] = out.failed / (out.completed + out.failed).clip(lower=1)
+    return out.reset_index()
+
+
+def bootstrap_levels(rounds: pd.DataFrame, records: pd.DataFrame, draws: int = DRAWS, seed: int = 0) -> dict:
+    """(variant, concurrency) -> `draws` bootstrap replicates of the median-over-rounds throughput."""
+    rng = np.random.default_rng(seed)
+    cells = {(v, int(c)): g.output_throughput.to_numpy(float) for (v, c), g in rounds.groupby(["variant", "concurrency"])}
+    # Round-to-round deviations, relative to each cell's mean, pooled over every cell with two or more rounds and
+    # scaled by sqrt(n / (n - 1)) for the mean each cell's own deviations were taken from.
+    pooled = np.concatenate([(x / x.mean() - 1) * np.sqrt(len(x) / (len(x) - 1)) for x in cells.values() if len(x) > 1]
+                            or [np.empty(0)])  # fmt: skip
+    out = {}
+    if len(pooled):
+        for key, x in cells.items():
+            dev = pooled[rng.integers(0, len(pooled), size=(draws, len(x)))]
+            out[key] = np.median(x.mean() * (1 + dev), axis=1)
+        return out
+    # One round: only the requests of that round to go by (Little's law on resampled requests)
+    ok = records[records.error.isna() & (records.e2e_s > 0)] if len(records) else records
+    by_cell = {(v, int(c)): g for (v, c), g in ok.groupby(["variant", "concurrency"])} if len(ok) else {}
+    for key, x in cells.items():
+        reqs = by_cell.get(key)
+        if reqs is None or len(reqs) < 2:
+            out[key] = np.full(draws, x[0])
+            continue
+        tok, e2e = reqs.output_tokens.to_numpy(float), reqs.e2e_s.to_numpy(float)
+        idx = rng.integers(0, len(tok), size=(draws, len(tok)))
+        out[key] = x[0] * (tok[idx].sum(1) / e2e[idx].sum(1)) / (tok.sum() / e2e.sum())
+    return out
+
+
+def intervals(levels: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """`levels` with output_throughput_lo / _hi: the 90% interval of each level's median."""
+    lo = [np.percentile(boot[(v, int(c))], INTERVAL[0]) for v, c in zip(levels.variant, levels.concurrency, strict=True)]
+    hi = [np.percentile(boot[(v, int(c))], INTERVAL[1]) for v, c in zip(levels.variant, levels.concurrency, strict=True)]
+    return levels.assign(output_throughput_lo=lo, output_throughput_hi=hi)
+
+
+@dataclass
+class Decision:
+    verdict: str  # "gate": speculation pays somewhere, "break-even", or "no speculation"
+    pick: str | None  # the recommended gate (also for "if it must stay on")
+    best: str | None  # the gate with the highest envelope efficiency
+    within_noise: list[str]  # gates within noise of the best, the best included
+    envelope: dict[str, list[float]] = field(default_factory=dict)  # variant -> [point, lo, hi]
+    mean_efficiency: dict[str, float] = field(default_factory=dict)
+    worst_concurrency: dict[str, int] = field(default_factory=dict)
+    pays: list[int] = field(default_factory=list)  # levels where always-on beats no-spec beyond noise (5%/L each)
+    loses: list[int] = field(default_factory=list)  # levels where it loses beyond noise
+    rule: str = ("within noise: envelope efficiency reaches the best gate's in >= 10% of bootstrap draws; "
+                 "from that set, the lowest threshold")  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _threshold_key(variant: str, levels: pd.DataFrame):
+    row = levels[levels.variant == variant].iloc[0]
+    hysteresis = not pd.isna(row.get("enable_at", np.nan))
+    return (float(row.disable_at), hysteresis, variant)
+
+
+def decide(levels: pd.DataFrame, boot: dict, tie: float = TIE, sure: float = SURE) -> Decision:
+    """The recommendation from the level medians (`aggregate_rounds`) and their bootstrap draws."""
+    concurrencies = sorted(int(c) for c in levels.concurrency.unique())
+    variants = list(dict.fromkeys(levels.variant))
+    thr = levels.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    best_point = thr[["nospec", "always"]].max(axis=1)
+    draws = {v: np.stack([boot[(v, c)] for c in concurrencies], axis=1) for v in variants}  # [draws, levels]
+    best_draws = np.maximum(draws["nospec"], draws["always"])
+    decision = Decision(verdict="gate", pick=None, best=None, within_noise=[])
+    eff_draws = {}
+    for v in variants:
+        ratio = thr[v] / best_point
+        eff_draws[v] = (draws[v] / best_draws).min(axis=1)
+        decision.envelope[v] = [float(ratio.min()), *(float(np.percentile(eff_draws[v], q)) for q in INTERVAL)]
+        decision.mean_efficiency[v] = float(ratio.mean())
+        decision.worst_concurrency[v] = int(ratio.idxmin())
+    wins = (draws["always"] > draws["nospec"]).mean(axis=0)
+    # "pays at some level" is a claim about any of L levels: each is held to 5% / L (Bonferroni).
+    # "loses at every level" needs each level to lose at 5% on its own.
+    decision.pays = [c for c, p in zip(concurrencies, wins, strict=True) if p >= 1 - (1 - sure) / len(concurrencies)]
+    decision.loses = [c for c, p in zip(concurrencies, wins, strict=True) if p <= 1 - sure]
+    if len(decision.loses) == len(concurrencies):
+        decision.verdict = "no speculation"
+    elif not decision.pays:
+        decision.verdict = "break-even"
+    gates = [v for v in variants if v.startswith("gate_")]
+    if gates:
+        best = max(gates, key=lambda g: (round(decision.envelope[g][0], 3), decision.mean_efficiency[g]))
+        decision.best = best
+        decision.within_noise = sorted((g for g in gates if (eff_draws[g] >= eff_draws[best]).mean() >= tie),
+                                       key=lambda g: _threshold_key(g, levels))  # fmt: skip
+        decision.pick = decision.within_noise[0]
+    return decision

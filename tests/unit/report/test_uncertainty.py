@@ -1,0 +1,95 @@
+"""The decision rule on synthetic sweeps whose truth is known: per-round throughputs and per-request
+records drawn around chosen level throughputs, with chosen noise."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specgate.report import uncertainty as un
+
+LEVELS = (1, 2, 4, 8)
+
+
+def synthetic(truth: dict[str, list[float]], noise: float, rounds: int = 3, requests: int = 12, seed: int = 0):
+    """(rounds, records) as the bench jobs write them: truth[variant][i] is the throughput at LEVELS[i]."""
+    rng = np.random.default_rng(seed)
+    rows, records = [], []
+    for v, thr in truth.items():
+        disable_at = int(v.split("_")[1]) if v.startswith("gate_") else np.nan
+        for c, t in zip(LEVELS, thr, strict=True):
+            for r in range(rounds):
+                measured = t * (1 + noise * rng.standard_normal())
+                rows.append({"variant": v, "concurrency": c, "round": r, "output_throughput": measured, "completed": requests,
+                             "failed": 0, "total_output_tokens": 48 * requests, "duration": 48 * requests / measured,
+                             "engine": "reference", "server_version": "x", "disable_at": disable_at, "enable_at": np.nan,
+                             "accept_length": 1.5, "accept_length_source": "s", "errors": np.nan})  # fmt: skip
+                # per-request rates around the round's, so Little's law gives back about `measured`
+                for _ in range(requests):
+                    rate = measured / c * (1 + noise * rng.standard_normal())
+                    records.append({"variant": v, "concurrency": c, "round": r, "output_tokens": 48,
+                                    "e2e_s": 48 / max(rate, 1e-3), "error": None})  # fmt: skip
+    return pd.DataFrame(rows), pd.DataFrame(records)
+
+
+def decide(truth, noise, **kw):
+    rounds, records = synthetic(truth, noise, **kw)
+    boot = un.bootstrap_levels(rounds, records)
+    levels = un.intervals(un.aggregate_rounds(rounds), boot)
+    return un.decide(levels, boot), levels
+
+
+NOSPEC = [100.0, 180.0, 300.0, 400.0]
+ALWAYS = [150.0, 230.0, 260.0, 240.0]  # pays at 1 and 2, loses at 4 and 8
+
+
+def test_a_clear_winner_is_picked_alone():
+    # gate_4 follows always-on below 4 and no-spec from 4: the envelope. gate_2 gives up c = 2, gate_8 c = 4 and 8.
+    truth = {"nospec": NOSPEC, "always": ALWAYS, "gate_2": [150, 180, 300, 400], "gate_4": [150, 230, 300, 400],
+             "gate_8": [150, 230, 260, 240]}  # fmt: skip
+    d, levels = decide(truth, noise=0.01)
+    assert d.verdict == "gate" and d.pays == [1, 2] and d.loses == [4, 8]
+    assert d.best == d.pick == "gate_4" and d.within_noise == ["gate_4"]
+    point, lo, hi = d.envelope["gate_4"]
+    assert lo <= point <= hi and point > 0.97 and hi - lo < 0.1
+    assert (levels.output_throughput_lo <= levels.output_throughput).all()
+    assert (levels.output_throughput <= levels.output_throughput_hi).all()
+
+
+def test_gates_within_noise_are_named_and_the_lowest_threshold_is_picked():
+    # gate_4 and gate_8 measure the same truth under 3% noise: a tie, resolved to the lower threshold
+    # whichever of the two measured higher. gate_2 loses 22% at c = 2: not within noise.
+    truth = {"nospec": NOSPEC, "always": ALWAYS, "gate_2": [150, 180, 300, 400], "gate_4": [150, 230, 300, 400],
+             "gate_8": [150, 230, 300, 400]}  # fmt: skip
+    picks = []
+    for seed in range(5):
+        d, _ = decide(truth, noise=0.03, seed=seed)
+        assert d.within_noise == ["gate_4", "gate_8"], (seed, d.envelope)
+        picks.append((d.best, d.pick))
+    assert {best for best, _ in picks} == {"gate_4", "gate_8"}  # the better-measured one changes with the noise...
+    assert {pick for _, pick in picks} == {"gate_4"}  # ...the recommendation does not
+    assert d.envelope["gate_2"][2] < d.envelope[d.best][1]  # gate_2's interval lies wholly below the best's
+
+
+def test_always_on_never_paying_says_serve_without_speculation():
+    truth = {"nospec": NOSPEC, "always": [70, 120, 150, 160], "gate_2": [70, 180, 300, 400]}
+    d, _ = decide(truth, noise=0.02)
+    assert d.verdict == "no speculation" and d.pays == [] and d.loses == list(LEVELS)
+    assert d.pick == "gate_2"
+
+
+def test_speculation_within_noise_of_no_spec_is_break_even():
+    truth = {"nospec": NOSPEC, "always": [101, 181, 299, 401], "gate_2": [101, 180, 300, 400]}
+    verdicts = [decide(truth, noise=0.05, seed=seed)[0].verdict for seed in range(10)]
+    assert verdicts.count("break-even") >= 9  # a level pays by chance in ~5% of sweeps
+
+
+@pytest.mark.parametrize("noise", [0.01, 0.1])
+def test_the_interval_widens_with_the_noise_and_holds_the_truth(noise):
+    truth = {"nospec": NOSPEC, "always": ALWAYS}
+    _, levels = decide(truth, noise=noise, rounds=5, seed=3)
+    width = ((levels.output_throughput_hi - levels.output_throughput_lo) / levels.output_throughput).mean()
+    assert (0.002 if noise == 0.01 else 0.05) < width < (0.05 if noise == 0.01 else 0.5)
+    t = levels.set_index(["variant", "concurrency"])
+    held = sum(t.at[(v, c), "output_throughput_lo"] <= x <= t.at[(v, c), "output_throughput_hi"]
+               for v, xs in truth.items() for c, x in zip(LEVELS, xs, strict=True))  # fmt: skip
+    assert held >= 6  # of 8 levels: a 90% interval of the median of 5 rounds
