@@ -68,7 +68,7 @@ LOG_EVERY = 2000  # decode steps between counter lines
 RECENT_STEPS = 32  # speculative steps after a catch-up counted as "just resumed"
 STATS_ENV = "SPECGATE_STATS_DIR"  # if set, rank 0 keeps its counters in a JSON file there
 
-# file (under sglang/srt) -> class -> member -> parameter names it must take (None: must exist)
+# file (under sglang/srt) -> class -> member -> its parameter names, exactly (None: must exist)
 CONTRACT = {
     "speculative/eagle_worker_v2.py": {
         "EAGLEWorkerV2": {
@@ -90,7 +90,10 @@ CONTRACT = {
     },
     "model_executor/model_runner.py": {"ModelRunner": {"_get_attention_backend": ["self", "init_new_workspace"]}},
     "managers/tp_worker.py": {
-        "TpModelWorker": {"forward_batch_generation": ["self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify"]},
+        "TpModelWorker": {
+            "forward_batch_generation": ["self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify",
+                                         "skip_attn_backend_init"],
+        },
     },
     "speculative/eagle_utils.py": {
         None: {
@@ -187,6 +190,17 @@ def _params(fn) -> list[str]:
     return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
 
 
+def version_supported(version: str | None) -> bool:
+    """0.5.15 and its post-releases (0.5.15.post1, ...): the same source tree, by PEP 440's rules."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version or "")
+    except InvalidVersion:
+        return False
+    return v.release == Version(SUPPORTED_VERSION).release and v.pre is None and v.dev is None and v.local is None
+
+
 def contract_mismatch(srt_dir: Path | None = None, version: str | None = None) -> str | None:
     """None if the SGLang at `srt_dir` has every internal this module uses; else the first difference."""
     srt_dir = srt_dir or sglang_source_dir()
@@ -194,7 +208,7 @@ def contract_mismatch(srt_dir: Path | None = None, version: str | None = None) -
         return "SGLang is not installed"
     if version is None:
         version = _installed_version(srt_dir)
-    if version != SUPPORTED_VERSION:
+    if not version_supported(version):
         return f"SGLang {version} is not {SUPPORTED_VERSION}, the version the true-off adapter was written against"
     wanted: dict = {}
     for table in (CONTRACT, FIELDS):
@@ -214,8 +228,9 @@ def contract_mismatch(srt_dir: Path | None = None, version: str | None = None) -
                 where = f"{rel}: {cls + '.' if cls else ''}{name}"
                 if name not in found[cls]:
                     return f"{where} is missing"
-                if params and found[cls][name][: len(params)] != params:
-                    return f"{where} takes {found[cls][name]}, expected {params} first"
+                # exactly these parameters: a new one (0.5.23's grammar_barrier) is a new duty the hook would skip
+                if params and found[cls][name] != params:
+                    return f"{where} takes {found[cls][name]}, expected {params}"
     return None
 
 

@@ -97,7 +97,7 @@ def test_true_off_hooks_registered_only_on_the_version_they_fit(sglang_dir):
 def test_contract_names_the_first_internal_that_changed(tmp_path):
     import shutil
 
-    from specgate.sglang.trueoff import CONTRACT, FIELDS, contract_mismatch, sglang_source_dir
+    from specgate.sglang.trueoff import CONTRACT, FIELDS, contract_mismatch
 
     dirs = [d for d in sglang_dirs() if d is None or "0.5.15" in d]
     if not dirs:
@@ -115,9 +115,34 @@ def test_contract_names_the_first_internal_that_changed(tmp_path):
                                    "def forward_batch_generation(self, batch: ScheduleBatch, grammar_barrier=None)"))  # fmt: skip
     assert contract_mismatch(srt, version="0.5.15") == (
         "speculative/eagle_worker_v2.py: EAGLEWorkerV2.forward_batch_generation takes "
-        "['self', 'batch', 'grammar_barrier'], expected ['self', 'batch', 'on_publish'] first"
+        "['self', 'batch', 'grammar_barrier'], expected ['self', 'batch', 'on_publish']"
     )
+    # a parameter added after the expected ones is a change too
+    worker.write_text(text.replace("def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None)",
+                                   "def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None)"))  # fmt: skip
+    assert "takes ['self', 'batch', 'on_publish', 'grammar_barrier']" in contract_mismatch(srt, version="0.5.15")
     (srt / "managers/utils.py").write_text("class GenerationBatchResult:\n    logits_output: int = 0\n")
     worker.write_text(text)
     assert "GenerationBatchResult.next_token_ids is missing" in contract_mismatch(srt, version="0.5.15")
-    assert sglang_source_dir is not None
+
+
+@pytest.mark.parametrize("version, ok", [("0.5.15", True), ("0.5.15.post1", True), ("0.5.15.post12", True),
+                                         ("0.5.16", False), ("0.5.15rc1", False), ("0.5.15.dev3", False),
+                                         ("0.5.15+local", False), ("0.5.1", False), (None, False), ("junk", False)])  # fmt: skip
+def test_post_releases_of_the_supported_version_are_accepted(version, ok):
+    from specgate.sglang.trueoff import version_supported
+
+    assert version_supported(version) is ok
+
+
+def test_the_newest_release_is_refused_by_its_changed_internals_not_only_its_version():
+    """The contract read against the newest SGLang's source, its version check aside, names the first
+    internal that changed since 0.5.15."""
+    from specgate.sglang.trueoff import contract_mismatch
+
+    newest = [d for d in sglang_dirs() if d is not None and "0.5.15" not in d]
+    if not newest:
+        pytest.skip("no SGLang newer than 0.5.15")
+    mismatch = contract_mismatch(_srt(newest[0]), version="0.5.15")
+    assert mismatch is not None
+    assert "forward_batch_generation takes" in mismatch and "grammar_barrier" in mismatch, mismatch
