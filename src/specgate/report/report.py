@@ -328,6 +328,11 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
              "", f"Failed requests: {int(summary.failed.sum())} of {int(summary.completed.sum() + summary.failed.sum())}."]  # fmt: skip
     if summary.errors.notna().any():
         parts += ["", "Errors: " + "; ".join(sorted(set(summary.errors.dropna())))]
+    if "gate_mode" in summary and summary.gate_mode.notna().any():
+        modes = summary.dropna(subset=["gate_mode"]).groupby("gate_mode").variant.unique()
+        parts += ["", "Gate mode that ran: " + "; ".join(f"{m} ({', '.join(sorted(v))})" for m, v in modes.items())
+                  + (". `sglang-steps0` is SGLang's own adaptive 0-step path, which the launcher falls back to where "
+                     "specgate's true-off gate does not fit the installed SGLang." if "sglang-steps0" in modes else ".")]  # fmt: skip
     if plots_dir:
         plots.throughput(summary, Path(plots_dir) / "throughput.png")
         plots.latency(summary, Path(plots_dir) / "latency.png")

@@ -6,7 +6,9 @@ SGLang's HookRegistry, editing no SGLang file. Two modes:
 
 mode "true-off" (default): while the gate is off a decode step is a plain decode step of the
 target, and the draft catches up in one batched extend when drafting resumes. See
-`specgate.sglang.trueoff`; SGLang 0.5.15 only, refused cleanly on any other version.
+`specgate.sglang.trueoff`; SGLang 0.5.15 (and its post-releases) only. On any other SGLang it
+falls back to the "sglang-steps0" hooks below, with the same thresholds, and says so once: they
+act when the server runs SGLang's adaptive speculation (specgate's launcher then starts it so).
 
 mode "sglang-steps0": SGLang's own adaptive speculation with a 0-step tier (still pays for
 the verify-mode step and the draft extend while off):
@@ -101,8 +103,7 @@ def register() -> None:
     if settings is None:
         _say(logging.INFO, f"specgate gate plugin: {ENV} not set; not installed")
         return
-    if settings["mode"] == "true-off":
-        _register_true_off(settings)
+    if settings["mode"] == "true-off" and _register_true_off(settings):
         return
     api, reason = _hooked_api()
     if api is None:
@@ -115,15 +116,18 @@ def register() -> None:
     _say(logging.INFO, f"specgate gate plugin: hooks registered on {TARGET} ({settings})")
 
 
-def _register_true_off(settings: dict) -> None:
+def _register_true_off(settings: dict) -> bool:
+    """Install the true-off hooks; False (and one log line) where this SGLang does not fit them."""
     from specgate.sglang import trueoff as sglang_trueoff
 
     mismatch = sglang_trueoff.contract_mismatch()
     if mismatch:
-        _say(logging.WARNING, f"specgate true-off gate refused: {mismatch}; not installed, SGLang runs unchanged")
-        return
+        _say(logging.WARNING, f"specgate true-off gate refused: {mismatch}; falling back to SGLang's adaptive steps=0 "
+                              "path with the same thresholds (it acts when the server runs --speculative-adaptive)")  # fmt: skip
+        return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, hook in sglang_trueoff.make_hooks(settings).items():
         HookRegistry.register(target, hook, HookType.AROUND)
     _say(logging.INFO, f"specgate gate plugin: true-off hooks registered on {sglang_trueoff.WORKER} ({settings})")
+    return True

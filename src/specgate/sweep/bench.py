@@ -16,7 +16,15 @@ import pandas as pd
 from tqdm import tqdm
 
 from specgate.files import atomic_path, read_jsonl, write_jsonl
-from specgate.sweep.launcher import ServeSettings, Variant, check_tensor_parallel, reference_command, sglang_command, variants
+from specgate.sweep.launcher import (
+    GATE_ENV,
+    ServeSettings,
+    Variant,
+    check_tensor_parallel,
+    reference_command,
+    sglang_command,
+    variants,
+)
 from specgate.sweep.load_client import bench_prompts, sweep_levels
 from specgate.sweep.managed_server import ManagedServer, exit_when_orphaned, free_port
 
@@ -97,6 +105,9 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
     summary.insert(3, "disable_at", variant.disable_at)
     summary.insert(4, "enable_at", variant.enable_at)
     summary.insert(5, "round", round)
+    # the gate that ran: SGLang falls back to its own steps=0 path where true-off does not fit
+    summary.insert(6, "gate_mode", json.loads(env.get(GATE_ENV, "{}")).get("mode") if engine == "sglang" and variant.gated
+                   else variant.gate_mode if variant.gated else None)  # fmt: skip
     write_jsonl(records_out, [{**r, "round": round} for r in records])
     with atomic_path(summary_out) as tmp:
         summary.to_csv(tmp, index=False)

@@ -8,18 +8,27 @@ path: it turns on SGLang's adaptive speculation with a config that lists both st
 (0 and k), so CUDA graphs are captured for each. `--max-running-requests` is always explicit: with
 EAGLE, SGLang otherwise lowers it to 48.
 
+On an SGLang that the true-off gate does not fit (its version or internals differ from 0.5.15,
+`specgate.sglang.trueoff.contract_mismatch`), a true-off variant runs SGLang's own 0-step path
+instead, with the same thresholds and hysteresis; the launcher says so once in the log, and the
+mode that ran is in the variant's summary (`gate_mode`).
+
 Reference engine: `python -m specgate.cli serve` with the same meaning for every knob.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specgate.sglang.plugin import ENV as GATE_ENV
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +88,28 @@ def check_tensor_parallel(tp: int, *model_dirs: str | Path | None) -> None:
                              f"split evenly; pick a tp that divides {heads}")  # fmt: skip
 
 
+@functools.cache
+def true_off_unavailable() -> str | None:
+    """Why the installed SGLang cannot run the true-off gate, or None. No SGLang at all is None:
+    the server's start reports that itself."""
+    from specgate.sglang import trueoff
+
+    if trueoff.sglang_source_dir() is None:
+        return None
+    reason = trueoff.contract_mismatch()
+    if reason:
+        log.warning("the true-off gate does not fit this SGLang (%s): gated variants run SGLang's own adaptive "
+                    "steps=0 path instead, with the same thresholds and hysteresis", reason)  # fmt: skip
+    return reason
+
+
+def gate_mode(v: Variant) -> str | None:
+    """The gate mode a variant's SGLang server runs: its own, or sglang-steps0 where true-off does not fit."""
+    if not v.gated:
+        return None
+    return "sglang-steps0" if v.gate_mode == "true-off" and true_off_unavailable() else v.gate_mode
+
+
 def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path) -> tuple[list[str], dict]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", s.target, "--host", "127.0.0.1",
            "--port", str(port), "--max-running-requests", str(s.max_running), "--tp-size", str(s.tp)]  # fmt: skip
@@ -90,9 +121,10 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
                 "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
     if v.gated:
-        gate = {"mode": v.gate_mode, "num_steps": s.num_steps, "disable_at": v.disable_at, "enable_at": v.enable_at,
+        mode = gate_mode(v)
+        gate = {"mode": mode, "num_steps": s.num_steps, "disable_at": v.disable_at, "enable_at": v.enable_at,
                 "min_dwell_steps": v.min_dwell_steps}  # fmt: skip
-        if v.gate_mode == "sglang-steps0":
+        if mode == "sglang-steps0":
             cfg_path = Path(work_dir) / f"adaptive_{v.name}.json"
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
             # one slot for every batch size: the gate, not SGLang's batch-size table, picks 0 or k

@@ -88,10 +88,36 @@ def test_true_off_hooks_registered_only_on_the_version_they_fit(sglang_dir):
         assert mismatch is None
         assert {t: result["hooks"].get(t) for t in targets} == dict.fromkeys(targets, ["around"])
         assert "true-off hooks registered" in log
-    else:  # a newer SGLang: refused cleanly, nothing hooked
+    else:  # a newer SGLang: true-off refused cleanly, SGLang's steps=0 path gated instead
         assert mismatch and result["version"] in mismatch
         assert not targets & set(result["hooks"])
-        assert "specgate true-off gate refused" in log
+        assert "specgate true-off gate refused" in log and "falling back to SGLang's adaptive steps=0 path" in log
+        from specgate.sglang.plugin import TARGET
+
+        assert result["hooks"].get(f"{TARGET}.get_steps_for_batch") == ["around"]
+
+
+@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
+def test_the_launcher_runs_steps0_where_true_off_does_not_fit(sglang_dir, monkeypatch, tmp_path):
+    import json
+
+    from specgate.sglang import trueoff
+    from specgate.sweep import launcher
+
+    srt = _srt(sglang_dir)
+    monkeypatch.setattr(trueoff, "sglang_source_dir", lambda: srt)
+    launcher.true_off_unavailable.cache_clear()
+    s = launcher.ServeSettings(target="t", draft="d", num_steps=3, max_running=64)
+    try:
+        cmd, env = launcher.sglang_command(s, launcher.Variant("gate_8", True, 8, 4), 1, tmp_path)
+    finally:
+        launcher.true_off_unavailable.cache_clear()
+    gate = json.loads(env[launcher.GATE_ENV])
+    if trueoff.contract_mismatch(srt) is None:
+        assert gate["mode"] == "true-off" and "--speculative-adaptive" not in cmd
+    else:  # the same thresholds on SGLang's own 0-step path
+        assert gate["mode"] == "sglang-steps0" and (gate["disable_at"], gate["enable_at"]) == (8, 4)
+        assert "--speculative-adaptive" in cmd
 
 
 def test_contract_names_the_first_internal_that_changed(tmp_path):
