@@ -6,7 +6,7 @@ random input ids at each concurrency level, stops it, and writes one Markdown ta
 
   nospec            plain decoding, no draft model: the baseline
   trueoff           EAGLE-3 with specgate's true-off gate; off at every level >= --disable-at
-  trueoff_syncfree  the same, with the sync-free seq_lens relay
+  trueoff_synced    the same, with spec v2's per-step seq_lens sync instead of the host mirror
   always            EAGLE-3 always drafting (3 steps, topk 1, 4 draft tokens), no gate
   steps0            SGLang's own adaptive speculation pinned at 0 draft steps (no specgate plugin)
 
@@ -41,8 +41,8 @@ from pathlib import Path
 from specgate.sglang.plugin import ENV as GATE_ENV
 from specgate.sweep.managed_server import ManagedServer, ServerFailed, free_port
 
-VARIANTS = ("nospec", "trueoff", "trueoff_syncfree", "always", "steps0")
-GATED = ("trueoff", "trueoff_syncfree")
+VARIANTS = ("nospec", "trueoff", "trueoff_synced", "always", "steps0")
+GATED = ("trueoff", "trueoff_synced")
 LLAMA3_ROPE = {"rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                          "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
 SHAPES = {
@@ -139,8 +139,8 @@ def server_command(variant: str, a: argparse.Namespace, paths: dict, port: int) 
     if variant == "always":
         return cmd, {}
     gate = {"mode": "true-off", "num_steps": 3, "disable_at": a.disable_at}
-    if variant == "trueoff_syncfree":
-        gate["sync_free_seq_lens"] = True
+    if variant == "trueoff_synced":
+        gate["sync_free_seq_lens"] = False
     return cmd, {"SGLANG_PLUGINS": "specgate_gate", GATE_ENV: json.dumps(gate),
                  "SPECGATE_STATS_DIR": str(Path(a.work_dir) / f"gate_stats_{variant}")}  # fmt: skip
 

@@ -27,11 +27,11 @@ def bench():
 def test_help_exits_zero():
     r = run("--help")
     assert r.returncode == 0, r.stderr
-    assert "--disable-at" in r.stdout and "trueoff_syncfree" in r.stdout
+    assert "--disable-at" in r.stdout and "trueoff_synced" in r.stdout
 
 
 def test_dry_run_writes_configs_and_prints_server_commands(tmp_path):
-    variants = "nospec,trueoff,trueoff_syncfree,always,steps0"
+    variants = "nospec,trueoff,trueoff_synced,always,steps0"
     r = run("--shape", "llama-3.1-8b", "--variants", variants, "--tp", "2", "--dry-run", "--work-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
     target = json.loads((tmp_path / "target" / "config.json").read_text())
@@ -53,12 +53,12 @@ def test_dry_run_writes_configs_and_prints_server_commands(tmp_path):
         assert ("--speculative-algorithm EAGLE3" in cmd) == (name != "nospec")
         assert ("--speculative-draft-load-format dummy" in cmd) == (name != "nospec")
         assert ("SGLANG_PLUGINS=specgate_gate" in cmd) == name.startswith("trueoff")
-    for name in ("trueoff", "trueoff_syncfree", "always"):
+    for name in ("trueoff", "trueoff_synced", "always"):
         assert "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in commands[name]
     assert f"--speculative-adaptive --speculative-adaptive-config {tmp_path / 'adaptive_steps0.json'}" in commands["steps0"]
     assert "--speculative-num-steps" not in commands["steps0"]
     assert """SPECGATE_GATE='{"mode": "true-off", "num_steps": 3, "disable_at": 2}'""" in commands["trueoff"]
-    assert '"sync_free_seq_lens": true' in commands["trueoff_syncfree"]
+    assert '"sync_free_seq_lens": false' in commands["trueoff_synced"]
 
 
 def test_shape_from_json(tmp_path):

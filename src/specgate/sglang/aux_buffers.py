@@ -2,13 +2,22 @@
 
 While the gate is off, each decode step runs the target alone. For every new token the
 target's EAGLE-3 aux hidden states (low/mid/high layers, 3·H values) are kept with the
-token, in a row per request-pool slot. When drafting resumes, one batched draft extend
+token, in a buffer row of the request. When drafting resumes, one batched draft extend
 over the buffered tokens writes the draft KV the off steps skipped.
 
 EAGLE's shift: the draft KV at position p is made from (x_{p+1}, aux_p). The buffer holds
 (x_p, aux_p) for positions [S - n, S), where S is the request's length before this step;
 the extend (SGLang's `_draft_extend_for_prefill`) rotates the tokens left by one and
 appends the request's newest token x_S, exactly as after a prefill.
+
+The host is the only bookkeeper: which row a request-pool slot uses and how full it is live
+in numpy, and each append sends those indices to the device with the data. So a slot can be
+reset from any thread or stream (a release, a prefill) without a device write to race with.
+
+Rows are taken on a slot's first buffered token and given back when its buffer empties, so
+the buffers hold only requests that ran while the gate was off. They start small and double
+when more such requests run at once, never past the request pool: memory follows the load the
+gate actually sees, not SGLang's default pool of 2048-4096 slots.
 
 No SGLang import here: the SGLang adapter (`specgate.sglang.trueoff`) and the CPU tests
 share this module.
@@ -38,36 +47,59 @@ class CatchUp:
 
 
 class AuxBuffers:
-    """tokens [P, W] and aux states [P, W, A] per request-pool slot, with a fill count n.
+    """tokens [R, W] and aux states [R, W, A] in rows lent to request-pool slots, with fill counts."""
 
-    The count lives twice: `n_gpu` for the device-side append (no host sync per step) and
-    `n_cpu` for the host-side decisions (which rows to catch up, which are full). Both move
-    together because every append and reset goes through this class.
-    """
-
-    def __init__(self, pool_size: int, window: int, aux_dim: int, dtype: torch.dtype, device):
+    def __init__(self, pool_size: int, window: int, aux_dim: int, dtype: torch.dtype, device, rows: int = 64):
         if window < 1:
             raise ValueError(f"true-off buffer window must be >= 1, got {window}")
-        self.window = window
-        self.tokens = torch.zeros(pool_size, window, dtype=torch.int64, device=device)
-        self.aux = torch.zeros(pool_size, window, aux_dim, dtype=dtype, device=device)
-        self.n_gpu = torch.zeros(pool_size, dtype=torch.int64, device=device)
-        self.n_cpu = np.zeros(pool_size, dtype=np.int64)
+        self.window, self.pool_size, self.device = window, pool_size, device
+        self.n_cpu = np.zeros(pool_size, dtype=np.int64)  # buffered tokens per slot
+        self.row_of = np.full(pool_size, -1, dtype=np.int64)  # slot -> buffer row, -1: none
+        rows = max(1, min(rows, pool_size))
+        self.free_rows = list(range(rows))
+        self.tokens = torch.zeros(rows, window, dtype=torch.int64, device=device)
+        self.aux = torch.zeros(rows, window, aux_dim, dtype=dtype, device=device)
+        self.grown = 0
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.tokens, self.aux, self.n_gpu))
+        return sum(t.numel() * t.element_size() for t in (self.tokens, self.aux))
 
-    def append(self, slots_gpu: torch.Tensor, slots_cpu: np.ndarray, tokens: torch.Tensor, aux: torch.Tensor) -> None:
+    def _take_rows(self, slots_cpu: np.ndarray) -> None:
+        need = slots_cpu[self.row_of[slots_cpu] < 0]
+        if need.size > len(self.free_rows):
+            self._grow(need.size - len(self.free_rows))
+        for s in need:
+            self.row_of[s] = self.free_rows.pop()
+
+    def _grow(self, at_least: int) -> None:
+        old = self.rows
+        new = min(self.pool_size, max(2 * old, old + at_least))
+        if new - old < at_least:
+            raise RuntimeError(f"true-off buffers: {old + at_least} rows wanted, the request pool has {self.pool_size}")
+        self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(new - old, self.window)])
+        self.aux = torch.cat([self.aux, self.aux.new_zeros(new - old, *self.aux.shape[1:])])
+        self.free_rows.extend(range(new - 1, old - 1, -1))
+        self.grown += 1
+
+    def append(self, slots_cpu: np.ndarray, tokens: torch.Tensor, aux: torch.Tensor) -> None:
         """Buffer one (token, aux) per row at each row's next free index. Rows must have room."""
-        idx = self.n_gpu[slots_gpu]
-        self.tokens[slots_gpu, idx] = tokens.to(torch.int64)
-        self.aux[slots_gpu, idx] = aux.to(self.aux.dtype)
-        self.n_gpu[slots_gpu] = idx + 1
+        self._take_rows(slots_cpu)
+        where = torch.from_numpy(np.stack([self.row_of[slots_cpu], self.n_cpu[slots_cpu]])).to(self.device)
+        self.tokens[where[0], where[1]] = tokens.to(torch.int64)
+        self.aux[where[0], where[1]] = aux.to(self.aux.dtype)
         self.n_cpu[slots_cpu] += 1
 
-    def reset(self, slots_gpu: torch.Tensor, slots_cpu: np.ndarray) -> None:
-        self.n_gpu[slots_gpu] = 0
+    def reset(self, slots_cpu: np.ndarray) -> None:
+        """Empty these slots' buffers (caught up, or a new request in the slot) and give back their rows."""
+        slots_cpu = np.asarray(slots_cpu, dtype=np.int64)
+        rows = self.row_of[slots_cpu]
+        self.free_rows.extend(int(r) for r in rows[rows >= 0])
+        self.row_of[slots_cpu] = -1
         self.n_cpu[slots_cpu] = 0
 
     def pending(self, slots_cpu: np.ndarray) -> bool:
@@ -88,14 +120,8 @@ class AuxBuffers:
 
     def gather(self, plan: CatchUp, req_to_token: torch.Tensor):
         """Flattened extend inputs for `plan`: token ids, aux states and KV slots, row after row."""
-        device = self.tokens.device
-        rows = np.repeat(plan.slots, plan.counts)
         offsets = np.arange(plan.total) - np.repeat(np.cumsum(plan.counts) - plan.counts, plan.counts)
-        positions = np.repeat(plan.starts, plan.counts) + offsets
-        rows_t = torch.from_numpy(rows).to(device)
-        offs_t = torch.from_numpy(offsets).to(device)
-        pos_t = torch.from_numpy(positions).to(device)
-        input_ids = self.tokens[rows_t, offs_t]
-        aux = self.aux[rows_t, offs_t]
-        out_cache_loc = req_to_token[rows_t, pos_t]
-        return input_ids, aux, out_cache_loc
+        index = np.stack([np.repeat(self.row_of[plan.slots], plan.counts), offsets,
+                          np.repeat(plan.slots, plan.counts), np.repeat(plan.starts, plan.counts) + offsets])  # fmt: skip
+        rows, offs, slots, positions = torch.from_numpy(index).to(self.device)
+        return self.tokens[rows, offs], self.aux[rows, offs], req_to_token[slots, positions]

@@ -40,7 +40,8 @@ from specgate.sglang.logs import say as _say
 TARGET = "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams"
 ENV = "SPECGATE_GATE"
 MODES = ("true-off", "sglang-steps0")
-KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens", "sync_free_seq_lens"}
+KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens", "buffer_rows",
+        "sync_free_seq_lens", "check_mirror_every"}
 LOG_EVERY = 1000  # decisions between counter lines
 
 

@@ -16,23 +16,32 @@ yields the draft state that drafting resumes from. A buffer that fills up (W tok
 flushed the same way while off. Requests admitted while off get their draft KV from the
 prefill, as always.
 
-Four hooks (a fifth with the sync-free option), no SGLang file edited:
-  AROUND EAGLEWorkerV2.init_cuda_graphs           build the decode graph, backend and buffers
-  AROUND EAGLEWorkerV2.forward_batch_generation   the gate, the off step, the catch-up
-  AROUND SchedulerBatchResultProcessor._resolve_spec_v2_tokens
-                                                  acceptance of the speculative steps alone
-                                                  (SGLang's own average also counts off steps)
-  AROUND Scheduler.get_internal_state             the gate's counters in /server_info, so a
-                                                  benchmark can take exact per-level deltas
-  AROUND FutureMap.resolve_seq_lens_cpu           only with "sync_free_seq_lens": after a gate-off
-                                                  step the host knows every length (one more), so
-                                                  backends that want host lengths (flashinfer) skip
-                                                  spec v2's per-step device-to-host sync
+The hooks (AROUND each; no SGLang file edited):
+  EAGLEWorkerV2.init_cuda_graphs             build the decode graph, backend and buffers
+  EAGLEWorkerV2.forward_batch_generation     the gate, the off step, the catch-up
+  SchedulerBatchResultProcessor._resolve_spec_v2_tokens
+                                             acceptance of the speculative steps alone, and an off
+                                             step left out of each request's verify count
+  TokenizerManager._calculate_spec_decoding_metrics
+                                             a request's accept length from its verify steps alone
+  Req._cache_commit_len                      a request finishing with buffered tokens leaves them out
+                                             of the prefix cache (their draft KV was never written)
+  ReqToTokenPool.free                        a released slot starts clean, prefill or not
+  ModelRunner.init_decode_cuda_graph         a weight update's recapture recaptures the plain graph
+  Scheduler.get_internal_state               the gate's counters in /server_info, so a benchmark can
+                                             take exact per-level deltas
+  FutureMap.resolve_seq_lens_cpu             (sync-free lengths, the default) after a prefill or a
+                                             gate-off step the host knows every length, so backends
+                                             that want host lengths (flashinfer) skip spec v2's
+                                             per-step device-to-host sync; "check_mirror_every": N
+                                             compares the mirror with the device every N steps and
+                                             stops the server on a difference
 
 The off step returns a spec-v2 result with one token per request (stride 1, accept length
-1), so the scheduler, the KV accounting and the overlap future map work unchanged. Batches
-that need the speculative path's extras (logprobs, grammars, returned hidden states) keep
-the original path, after a catch-up.
+1), so the scheduler, the KV accounting and the overlap future map work unchanged. Rows with
+the speculative path's extras take the off step too: logprobs come from SGLang's own spec-v2
+logprob code over the plain logits, grammars mask the target's sampler as in a plain decode
+and advance in the result processor, and returned hidden states are the step's aux rows.
 
 The module is written against SGLang 0.5.15 exactly: `contract_mismatch()` reads the
 installed SGLang's source (no import) and names the first internal that differs; the
@@ -63,6 +72,10 @@ WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+REQ = "sglang.srt.managers.schedule_batch.Req"
+REQ_POOL = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 INFO_KEY = "specgate_gate"  # the gate's counters in /server_info's internal_states
 LOG_EVERY = 2000  # decode steps between counter lines
 RECENT_STEPS = 32  # speculative steps after a catch-up counted as "just resumed"
@@ -75,11 +88,29 @@ CONTRACT = {
             "forward_batch_generation": ["self", "batch", "on_publish"],
             "init_cuda_graphs": ["self"],
             "war_fastpath_runner": None,
+            "adaptive_controller": None,
+            "speculative_algorithm": None,
+            "server_args": None,
         },
         "EagleDraftWorker": {
             "_draft_extend_for_prefill": ["self", "batch", "target_hidden_states", "next_token_ids", "mm_input_embeds"],
+            "draft_tp_context": None,
+            "draft_runner": None,
         },
+        None: {"speculative_moe_backend_context": None, "speculative_moe_a2a_backend_context": None},
     },
+    "model_executor/forward_batch_info.py": {"ForwardBatch": {"init_new": ["cls", "batch", "model_runner"]}},
+    "layers/utils/logprob.py": {
+        None: {"compute_spec_v2_logprobs": ["batch", "logits_output", "predict", "accept_index", "speculative_num_steps"]},
+    },
+    "managers/schedule_batch.py": {"Req": {"_cache_commit_len": ["self"], "pop_committed_kv_cache": ["self"],
+                                           "pop_overallocated_kv_cache": ["self"]}},  # fmt: skip
+    "mem_cache/common.py": {None: {"release_kv_cache": ["req", "tree_cache", "is_insert"]}},
+    "mem_cache/memory_pool.py": {"ReqToTokenPool": {"free": ["self", "req"], "req_to_token": None}},
+    "managers/tokenizer_manager.py": {
+        "TokenizerManager": {"_calculate_spec_decoding_metrics": ["self", "meta_info", "recv_obj", "i"]},
+    },
+    "managers/scheduler.py": {"Scheduler": {"get_internal_state": ["self", "recv_req"]}},
     "model_executor/runner/decode_cuda_graph_runner.py": {
         "DecodeCudaGraphRunner": {
             "__init__": ["self", "model_runner", "attn_backend", "speculative_num_steps", "speculative_num_draft_tokens"],
@@ -88,7 +119,22 @@ CONTRACT = {
             "execute": ["self", "forward_batch", "pp_proxy_tensors"],
         },
     },
-    "model_executor/model_runner.py": {"ModelRunner": {"_get_attention_backend": ["self", "init_new_workspace"]}},
+    "model_executor/model_runner.py": {
+        "ModelRunner": {
+            "_get_attention_backend": ["self", "init_new_workspace"],
+            "init_decode_cuda_graph": ["self"],
+            "war_fastpath_read_done_event": None,
+            "decode_cuda_graph_runner": None,
+            "attn_backend": None,
+            "init_new_workspace": None,
+            "req_to_token_pool": None,
+            "mambaish_config": None,
+            "model_is_mrope": None,
+            "is_hybrid_swa": None,
+            "sliding_window_size": None,
+            "use_mla_backend": None,
+        },
+    },
     "managers/tp_worker.py": {
         "TpModelWorker": {
             "forward_batch_generation": ["self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify",
@@ -105,7 +151,8 @@ CONTRACT = {
         "SchedulerBatchResultProcessor": {"_resolve_spec_v2_tokens": ["self", "result", "batch"]},
     },
     "managers/overlap_utils.py": {
-        "FutureMap": {"resolve_seq_lens_cpu": ["self", "batch"], "publish": ["self", "future_indices", "new_seq_lens"]}
+        "FutureMap": {"resolve_seq_lens_cpu": ["self", "batch"], "publish": ["self", "future_indices", "new_seq_lens"],
+                      "needs_cpu_seq_lens": None, "publish_ready": None, "new_seq_lens_buf": None},
     },
 }
 # dataclass fields the off step and the catch-up construct or read
@@ -147,7 +194,11 @@ FIELDS = {
             "spec_info",
             "capture_hidden_mode",
             "sampling_info",
+            "top_logprobs_nums",
+            "token_ids_logprobs",
         ],  # fmt: skip
+        "Req": ["req_pool_idx", "kv_committed_len", "cache_protected_len", "spec_verify_ct",
+                "spec_correct_drafts_histogram"],  # fmt: skip
     },
 }
 
@@ -175,14 +226,29 @@ def _members(tree: ast.Module) -> dict:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             out[None][node.name] = _params(node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):  # names the module imports are its members too
+            out[None].update((a.asname or a.name.split(".")[0], []) for a in node.names)
         elif isinstance(node, ast.ClassDef):
             members = out.setdefault(node.name, {})
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     members[item.name] = _params(item)
+                    for attr in _self_attributes(item):  # instance attributes: self.x = ... in any method
+                        members.setdefault(attr, [])
                 elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                     members[item.target.id] = []
     return out
+
+
+def _self_attributes(fn) -> set[str]:
+    names = set()
+    for node in ast.walk(fn):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for t in targets:
+            for el in t.elts if isinstance(t, ast.Tuple) else [t]:
+                if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name) and el.value.id == "self":
+                    names.add(el.attr)
+    return names
 
 
 def _params(fn) -> list[str]:
@@ -277,6 +343,7 @@ class TrueOffGate:
         self.graph_runner = None
         if mr.decode_cuda_graph_runner is not None:
             self.graph_runner = make_plain_decode_runner(mr, self.attn_backend)
+        self.req_to_token_pool = mr.req_to_token_pool
         self.req_to_token = mr.req_to_token_pool.req_to_token
         aux_dim = get_draft_input_from_target_hidden_dim(self.draft_runner)
         self.init_state(settings, self.req_to_token.shape[0], aux_dim, mr.model_config.dtype, mr.device,
@@ -291,15 +358,18 @@ class TrueOffGate:
     def init_state(self, settings: dict, pool: int, aux_dim: int, dtype, device, rank: int = 0) -> None:
         """Everything but the SGLang objects: the gate, the buffers, the host mirror, the counters."""
         self.gate = Gate(GateConfig.from_settings(settings))
-        self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, dtype, device)
+        self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, dtype, device,
+                                  rows=int(settings.get("buffer_rows", 64)))  # fmt: skip
         self.ones = torch.ones(pool, dtype=torch.int32, device=device)
         # host mirror of each slot's sequence length after its last step, exact after a prefill or a
         # gate-off step (one token each); lets the next step skip spec v2's device-to-host sync
-        self.sync_free = bool(settings.get("sync_free_seq_lens", False))
+        self.sync_free = bool(settings.get("sync_free_seq_lens", True))
+        self.check_mirror_every = int(settings.get("check_mirror_every", 0))  # debug: compare with the device
         self.len_cpu = np.zeros(pool, dtype=np.int64)
         self.len_ok = np.zeros(pool, dtype=bool)
         self.catchups = self.flushes = self.caught_up_tokens = 0
-        self.plain_steps = self.original_steps = self.sync_free_resolves = 0
+        self.plain_steps = self.original_steps = self.sync_free_resolves = self.mirror_checks = 0
+        self.released = self.trimmed_requests = self.trimmed_tokens = 0
         self.since_catchup = RECENT_STEPS
         # acceptance of speculative steps: [request-steps, tokens] just after a catch-up and otherwise
         self.accept = {"resumed": [0, 0], "steady": [0, 0]}
@@ -343,7 +413,18 @@ class TrueOffGate:
         batch.seq_lens_cpu = torch.from_numpy(self.len_cpu[slots].copy())
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         self.sync_free_resolves += 1
+        if self.check_mirror_every and self.sync_free_resolves % self.check_mirror_every == 0:
+            self.check_mirror(slots, batch.seq_lens)
         return True
+
+    def check_mirror(self, slots: np.ndarray, seq_lens_device) -> None:
+        """Debug mode: the host mirror against the device lengths (a host sync); a mismatch stops serving."""
+        device = seq_lens_device.cpu().numpy().astype(np.int64)
+        self.mirror_checks += 1
+        bad = np.nonzero(device != self.len_cpu[slots])[0]
+        if bad.size:
+            rows = ", ".join(f"slot {slots[i]}: mirror {self.len_cpu[slots[i]]} device {device[i]}" for i in bad[:8])
+            raise RuntimeError(f"specgate true-off: host seq_lens mirror differs from the device at {bad.size} rows ({rows})")
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -353,14 +434,14 @@ class TrueOffGate:
             out = original(worker, batch, on_publish)
             slots_cpu = _slots_cpu(batch)
             if slots_cpu.size:  # new requests: the prefill built their draft KV
-                self.buffers.reset(batch.req_pool_indices, slots_cpu)
+                self.buffers.reset(slots_cpu)
                 self._mirror(slots_cpu, batch.seq_lens_cpu, 0)  # spec v2: length before the first decode token
             return out
         if batch.forward_mode.is_idle() or not batch.reqs:
             return original(worker, batch, on_publish)
         before = self.gate.switches
         on = self.gate.decide(len(batch.reqs))
-        plain_ok = not (batch.return_logprob or batch.has_grammar or batch.return_hidden_states) and _has_bonus(batch)
+        plain_ok = _has_bonus(batch)  # False only before a request's first draft state exists
         if self.gate.switches != before or (self.gate.steps_on + self.gate.steps_off) % LOG_EVERY == 0:
             log.info("specgate gate %s at batch %d: %s", "on" if on else "off", len(batch.reqs), json.dumps(self.counters()))
             self.write_stats()
@@ -397,6 +478,7 @@ class TrueOffGate:
         view.spec_info = None
         view.capture_hidden_mode = CaptureHiddenMode.FULL
         view.input_ids = tokens
+        view.return_logprob = False  # logprobs below, in the speculative path's row layout
         view.out_cache_loc = self.req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
         view.seq_lens = batch.seq_lens + 1
         view.orig_seq_lens = view.seq_lens.to(torch.int32)
@@ -423,17 +505,25 @@ class TrueOffGate:
         logits_output = out.logits_output
         if logits_output.hidden_states is None:
             raise RuntimeError("specgate true-off: the target returned no aux hidden states in DECODE mode")
-        self.buffers.append(batch.req_pool_indices, slots_cpu, tokens, logits_output.hidden_states)
-        logits_output.hidden_states = None  # buffered; nothing downstream reads it
+        self.buffers.append(slots_cpu, tokens, logits_output.hidden_states)
+        if not batch.return_hidden_states:  # else one row per request, as a speculative step returns them
+            logits_output.hidden_states = None
         next_ids = out.next_token_ids
+        if batch.return_logprob:  # SGLang's own spec-v2 logprobs: [bs, accepted] rows, here one token each
+            from sglang.srt.layers.utils.logprob import compute_spec_v2_logprobs
+
+            accept_index = torch.arange(bs, device=next_ids.device).view(bs, 1)
+            compute_spec_v2_logprobs(batch, logits_output, next_ids, accept_index, 0)
         # draft fields pass through untouched: they are stale until the catch-up rewrites them
         next_draft_input = EagleDraftInput(
             bonus_tokens=next_ids.to(torch.int32), topk_p=draft_input.topk_p, topk_index=draft_input.topk_index,
             hidden_states=draft_input.hidden_states, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)  # fmt: skip
-        return GenerationBatchResult(
+        result = GenerationBatchResult(
             logits_output=logits_output, next_token_ids=next_ids, can_run_cuda_graph=out.can_run_cuda_graph,
             speculative_num_draft_tokens=1, accept_lens=self.ones[:bs], new_seq_lens=new_seq_lens,
             next_draft_input=next_draft_input, extra_keep_alive_refs=[forward_batch, tokens])  # fmt: skip
+        result._specgate_off = True  # the scheduler's per-request metrics leave this step out
+        return result
 
     def catch_up(self, batch, slots_cpu, full_only: bool) -> None:
         """One draft extend over the buffered tokens of the rows behind; fixes their draft state."""
@@ -486,9 +576,40 @@ class TrueOffGate:
             spec.topk_index[sel] = fresh.topk_index.to(spec.topk_index.dtype)
             if spec.hidden_states is not None and fresh.hidden_states is not None:
                 spec.hidden_states[sel] = fresh.hidden_states.to(spec.hidden_states.dtype)
-        self.buffers.reset(sub.req_pool_indices, plan.slots)
+        self.buffers.reset(plan.slots)
         self.catchups += 1
         self.caught_up_tokens += plan.total
+
+    # -- a request leaves its slot ------------------------------------------------------------------
+
+    def commit_len(self, req, committed: int) -> int:
+        """How much of a finishing request the prefix cache may keep: up to its first token whose draft
+        KV an off step skipped. The rest is freed with the request (SGLang's own route for KV it does
+        not keep), so a later prefix hit re-prefills those few tokens instead of drafting on stale KV."""
+        slot = req.req_pool_idx
+        n = int(self.buffers.n_cpu[slot]) if slot is not None else 0
+        if n == 0:
+            return committed
+        keep = max(committed - n, req.cache_protected_len, 0)
+        if not req.kv_overallocated_freed:  # asked twice per release (committed, then over-allocated)
+            self.trimmed_requests += 1
+            self.trimmed_tokens += committed - keep
+        return keep
+
+    def release(self, slot: int | None) -> None:
+        """A request gave its pool slot back: whoever gets the slot next starts with no buffered tokens
+        and no host length, prefill or not."""
+        if slot is None:
+            return
+        self.buffers.reset(np.array([slot]))
+        self.len_ok[slot] = False
+        self.released += 1
+
+    def recapture(self) -> None:
+        """SGLang recaptured the target's decode graphs (a weight update): recapture the plain one too."""
+        if self.graph_runner is not None:
+            self.graph_runner = make_plain_decode_runner(self.target_mr, self.attn_backend)
+            _say("specgate true-off: plain decode graph recaptured after the target's graphs were")
 
     def count_accepted(self, result, batch) -> None:
         """Called once the step's accept lengths reach the host; off steps (stride 1) are not counted."""
@@ -506,7 +627,10 @@ class TrueOffGate:
                 "caught_up_tokens": self.caught_up_tokens,
                 "accept_length_on": round(t / n, 4) if n else None, "accept_length_resumed": rate["resumed"],
                 "accept_length_steady": rate["steady"], "verify_request_steps_on": n, "accepted_tokens_on": t,
-                "sync_free_resolves": self.sync_free_resolves}  # fmt: skip
+                "sync_free_resolves": self.sync_free_resolves, "mirror_checks": self.mirror_checks,
+                "released": self.released, "trimmed_requests": self.trimmed_requests,
+                "trimmed_tokens": self.trimmed_tokens, "buffer_rows": self.buffers.rows,
+                "buffer_mib": round(self.buffers.nbytes / 2**20, 1)}  # fmt: skip
 
     def write_stats(self) -> None:
         if self.stats_path is None:
@@ -537,9 +661,19 @@ def _has_bonus(batch) -> bool:
 
 
 def unsupported(worker) -> str | None:
-    """Server settings the off path does not handle; None if all is well."""
+    """Server settings and targets the off path does not handle; None if all is well."""
     sa = worker.server_args
+    mr = worker.target_worker.model_runner
     checks = [
+        (getattr(sa, "disaggregation_mode", "null") != "null", "PD disaggregation (decode slots arrive without a prefill)"),
+        (getattr(sa, "enable_streaming_session", False), "streaming sessions (a slot outlives its request)"),
+        (getattr(sa, "enable_memory_saver", False), "the memory saver (releases and recaptures graphs)"),
+        (getattr(mr, "mambaish_config", None) is not None, "a hybrid linear-attention target (mamba/GDN)"),
+        (getattr(mr, "is_hybrid_swa", False) or getattr(mr, "sliding_window_size", None) is not None,
+         "a sliding-window attention target"),
+        (getattr(mr, "model_is_mrope", False), "an mrope target"),
+        (getattr(getattr(mr, "model_config", None), "is_multimodal", False), "a multimodal target"),
+        (getattr(mr, "use_mla_backend", False), "an MLA target (DeepSeek-style attention, DSA included)"),
         (worker.adaptive_controller is not None, "--speculative-adaptive is set (the true-off gate replaces it)"),
         (getattr(sa, "speculative_eagle_topk", 1) != 1, "speculative_eagle_topk != 1"),
         (getattr(sa, "pp_size", 1) > 1, "pipeline parallelism"),
@@ -574,10 +708,41 @@ def make_hooks(settings: dict):
         return state.forward(original, batch, on_publish)
 
     def resolve_spec_v2_tokens(original, self, result, batch, *args, **kwargs):
+        off = getattr(result, "_specgate_off", False)
+        before = [(r.spec_verify_ct, len(r.spec_correct_drafts_histogram)) for r in batch.reqs] if off else None
         out = original(self, result, batch, *args, **kwargs)
+        if off:  # SGLang counted a verify step with 0 correct drafts per request: a plain step is neither
+            for r, (verify_ct, hist_len) in zip(batch.reqs, before, strict=True):
+                if r.spec_verify_ct > verify_ct:
+                    r.spec_verify_ct = verify_ct
+                    r.spec_correct_drafts_histogram[0] -= 1
+                    del r.spec_correct_drafts_histogram[hist_len:]
         state = getattr(self.model_worker, "__dict__", {}).get("_specgate_trueoff")
         if state is not None:
             state.count_accepted(result, batch)
+        return out
+
+    def spec_decoding_metrics(original, self, meta_info, recv_obj, i):
+        # SGLang divides all completion tokens by the verify steps; with plain steps left out of those,
+        # the accept length of the speculative steps is 1 + correct drafts per verify step
+        out = original(self, meta_info, recv_obj, i)
+        if meta_info.get("spec_verify_ct"):
+            meta_info["spec_accept_length"] = 1 + meta_info["spec_num_correct_drafts"] / meta_info["spec_verify_ct"]
+        return out
+
+    def cache_commit_len(original, self):
+        committed = original(self)
+        return _ACTIVE.commit_len(self, committed) if _ACTIVE is not None else committed
+
+    def free_slot(original, self, req):
+        if _ACTIVE is not None and self is _ACTIVE.req_to_token_pool:
+            _ACTIVE.release(req.req_pool_idx)
+        return original(self, req)
+
+    def init_decode_cuda_graph(original, self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if _ACTIVE is not None and self is _ACTIVE.target_mr:
+            _ACTIVE.recapture()
         return out
 
     def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
@@ -594,8 +759,11 @@ def make_hooks(settings: dict):
 
     hooks = {f"{WORKER}.init_cuda_graphs": init_cuda_graphs, f"{WORKER}.forward_batch_generation": forward_batch_generation,
              f"{RESULTS}._resolve_spec_v2_tokens": resolve_spec_v2_tokens,
-             f"{SCHEDULER}.get_internal_state": get_internal_state}  # fmt: skip
-    if settings.get("sync_free_seq_lens"):
+             f"{SCHEDULER}.get_internal_state": get_internal_state,
+             f"{TOKENIZER}._calculate_spec_decoding_metrics": spec_decoding_metrics,
+             f"{REQ}._cache_commit_len": cache_commit_len, f"{REQ_POOL}.free": free_slot,
+             f"{MODEL_RUNNER}.init_decode_cuda_graph": init_decode_cuda_graph}  # fmt: skip
+    if settings.get("sync_free_seq_lens", True):
         hooks[f"{FUTURE_MAP}.resolve_seq_lens_cpu"] = resolve_seq_lens_cpu
     return hooks
 

@@ -44,7 +44,8 @@ def serve_settings(serve: dict, target: str, drafter: str | None, device: str) -
                          max_len=serve["max_len"], tp=serve["tp"], attention_backend=serve["attention_backend"],
                          extra_args=list(serve["extra_args"]), env={k: str(v) for k, v in serve["env"].items()},
                          device=device, dtype=serve["dtype"], gate_buffer_tokens=serve["gate_buffer_tokens"],
-                         gate_sync_free_seq_lens=serve["gate_sync_free_seq_lens"])  # fmt: skip
+                         gate_sync_free_seq_lens=serve["gate_sync_free_seq_lens"],
+                         gate_check_mirror_every=serve["gate_check_mirror_every"])  # fmt: skip
 
 
 def requests_for(bench: dict):

@@ -70,7 +70,8 @@ class ServeSettings:
     device: str = "cpu"
     dtype: str = "auto"  # reference engine only; SGLang serves the checkpoint's dtype
     gate_buffer_tokens: int = 32  # true-off gate in SGLang: aux states kept per request before a flush
-    gate_sync_free_seq_lens: bool = False  # true-off gate in SGLang: skip spec v2's seq_lens sync after off steps
+    gate_sync_free_seq_lens: bool = True  # true-off gate in SGLang: skip spec v2's seq_lens sync after off steps
+    gate_check_mirror_every: int = 0  # true-off gate in SGLang, debug: compare that mirror with the device
 
 
 def check_tensor_parallel(tp: int, *model_dirs: str | Path | None) -> None:
@@ -131,9 +132,9 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
             cfg_path.write_text(json.dumps({"1": {"candidate_steps": [0, s.num_steps]}}))
             cmd += ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg_path)]
         else:
-            gate["buffer_tokens"] = s.gate_buffer_tokens
-            if s.gate_sync_free_seq_lens:
-                gate["sync_free_seq_lens"] = True
+            gate.update(buffer_tokens=s.gate_buffer_tokens, sync_free_seq_lens=s.gate_sync_free_seq_lens)
+            if s.gate_check_mirror_every:
+                gate["check_mirror_every"] = s.gate_check_mirror_every
         env[GATE_ENV] = json.dumps(gate)
     return cmd + list(s.extra_args), env
 

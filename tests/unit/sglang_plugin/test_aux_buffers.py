@@ -15,7 +15,7 @@ def _req_to_token(pool, width, seed=0):
 
 def test_catch_up_gathers_each_rows_buffered_positions_in_order():
     pool, width, aux_dim = 6, 40, 3
-    buf = AuxBuffers(pool, window=8, aux_dim=aux_dim, dtype=torch.float32, device="cpu")
+    buf = AuxBuffers(pool, window=8, aux_dim=aux_dim, dtype=torch.float32, device="cpu", rows=1)  # grows
     r2t = _req_to_token(pool, width)
     slots = np.array([4, 1, 3])
     seq = np.array([10, 5, 7])  # length before the first off step
@@ -27,7 +27,7 @@ def test_catch_up_gathers_each_rows_buffered_positions_in_order():
             written[int(s)].append(pos)
         tok = torch.tensor([100 * int(s) + len(written[int(s)]) for s in rows])
         aux = torch.stack([torch.full((aux_dim,), float(100 * int(s) + len(written[int(s)]))) for s in rows])
-        buf.append(torch.from_numpy(rows), rows, tok, aux)
+        buf.append(rows, tok, aux)
     now = np.array([seq[i] + len(written[int(s)]) for i, s in enumerate(slots)])
     plan = buf.plan(slots, now)
     assert plan.sel.tolist() == [0, 1, 2] and plan.counts.tolist() == [3, 3, 2]
@@ -37,25 +37,45 @@ def test_catch_up_gathers_each_rows_buffered_positions_in_order():
     assert ids.tolist() == want_ids and aux[:, 0].tolist() == [float(x) for x in want_ids]
     want_loc = [int(r2t[int(s), p]) for s in slots for p in written[int(s)]]
     assert loc.tolist() == want_loc
+    assert buf.rows == 3 and buf.grown == 1  # one row to three: three requests ran while off
+
+
+def test_rows_follow_the_requests_buffered_at_once_not_the_pool():
+    buf = AuxBuffers(4096, window=4, aux_dim=2, dtype=torch.float32, device="cpu", rows=8)
+    start = buf.nbytes
+    for wave in range(50):  # 50 waves of 6 requests through a pool of 4096 slots
+        slots = np.arange(6) + 6 * wave
+        buf.append(slots, torch.zeros(6), torch.zeros(6, 2))
+        buf.reset(slots)  # caught up, finished or released
+    assert buf.rows == 8 and buf.nbytes == start and buf.grown == 0
+    # a slot reset from the host (a release) empties it at once: the next request there starts at index 0
+    buf.append(np.array([7]), torch.tensor([5]), torch.ones(1, 2))
+    buf.reset(np.array([7]))
+    buf.append(np.array([7]), torch.tensor([9]), torch.ones(1, 2))
+    plan = buf.plan(np.array([7]), np.array([20]))
+    assert plan.counts.tolist() == [1] and buf.gather(plan, torch.zeros(4096, 32, dtype=torch.int32))[0].tolist() == [9]
+    with pytest.raises(RuntimeError, match="the request pool has 4"):
+        small = AuxBuffers(4, window=2, aux_dim=1, dtype=torch.float32, device="cpu", rows=2)
+        small.append(np.arange(5) % 4, torch.zeros(5), torch.zeros(5, 1))  # 4 slots, a fifth would not fit
 
 
 def test_full_rows_and_reset():
     buf = AuxBuffers(4, window=2, aux_dim=1, dtype=torch.float32, device="cpu")
     for _ in range(2):
-        buf.append(torch.tensor([2]), np.array([2]), torch.tensor([7]), torch.ones(1, 1))
-    buf.append(torch.tensor([0]), np.array([0]), torch.tensor([7]), torch.ones(1, 1))
+        buf.append(np.array([2]), torch.tensor([7]), torch.ones(1, 1))
+    buf.append(np.array([0]), torch.tensor([7]), torch.ones(1, 1))
     slots, seq = np.array([0, 2]), np.array([5, 9])
     assert buf.plan(slots, seq, full_only=True).slots.tolist() == [2]
     assert buf.plan(slots, seq).slots.tolist() == [0, 2]
-    buf.reset(torch.tensor([2, 0]), np.array([2, 0]))
+    buf.reset(np.array([2, 0]))
     assert buf.plan(slots, seq) is None and not buf.pending(slots)
-    assert int(buf.n_gpu.sum()) == 0
+    assert sorted(buf.free_rows) == list(range(buf.rows)) and (buf.row_of == -1).all()
 
 
 def test_more_buffered_than_the_request_holds_is_an_error():
     buf = AuxBuffers(2, window=4, aux_dim=1, dtype=torch.float32, device="cpu")
     for _ in range(3):
-        buf.append(torch.tensor([1]), np.array([1]), torch.tensor([1]), torch.ones(1, 1))
+        buf.append(np.array([1]), torch.tensor([1]), torch.ones(1, 1))
     with pytest.raises(RuntimeError, match="more tokens than the request has"):
         buf.plan(np.array([1]), np.array([2]))
     with pytest.raises(ValueError, match="window"):

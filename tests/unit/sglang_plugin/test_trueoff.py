@@ -37,13 +37,13 @@ def make_batch(slots, lens, extend=False):
 @pytest.fixture
 def gate():
     g = TrueOffGate.__new__(TrueOffGate)
-    g.init_state({"disable_at": 4, "buffer_tokens": 3, "sync_free_seq_lens": True}, pool=8, aux_dim=2,
+    g.init_state({"disable_at": 4, "buffer_tokens": 3}, pool=8, aux_dim=2,
                  dtype=torch.float32, device="cpu")  # fmt: skip
     g.worker = "worker"
     g.calls = []
 
     def plain_step(batch, slots_cpu, on_publish):  # what the real one does to the buffers
-        g.buffers.append(batch.req_pool_indices, slots_cpu, batch.spec_info.bonus_tokens, torch.ones(len(slots_cpu), 2))
+        g.buffers.append(slots_cpu, batch.spec_info.bonus_tokens, torch.ones(len(slots_cpu), 2))
         g.calls.append(("plain", len(batch.reqs)))
         return SimpleNamespace(kind="plain")
 
@@ -51,7 +51,7 @@ def gate():
         plan = g.buffers.plan(slots_cpu, batch.seq_lens_cpu.numpy(), full_only=full_only)
         g.calls.append(("flush" if full_only else "catch_up", plan.slots.tolist() if plan else []))
         if plan is not None:
-            g.buffers.reset(torch.from_numpy(plan.slots), plan.slots)
+            g.buffers.reset(plan.slots)
 
     g.plain_step, g.catch_up = plain_step, catch_up
     return g
@@ -89,12 +89,15 @@ def test_paths_catch_up_flush_and_mirror(gate):
     assert (c["plain_steps"], c["original_steps"], c["switches"]) == (4, 2, 2)
 
 
-def test_batches_needing_the_speculative_extras_keep_the_original_path(gate):
+def test_batches_with_logprobs_grammars_or_hidden_states_take_the_off_step_too(gate):
     gate.forward(original, make_batch([1, 2, 3, 4, 5], [9] * 5, extend=True), None)
-    batch = make_batch([1, 2, 3, 4, 5], [9] * 5)
-    batch.return_logprob = True
-    assert gate.forward(original, batch, None).kind == "original"
-    assert gate.gate.on is False  # the gate still counted the step as off
+    for extra in ("return_logprob", "has_grammar", "return_hidden_states"):
+        batch = make_batch([1, 2, 3, 4, 5], [9] * 5)
+        setattr(batch, extra, True)
+        assert gate.forward(original, batch, None).kind == "plain"
+    no_draft_state = make_batch([1, 2, 3, 4, 5], [9] * 5)
+    no_draft_state.spec_info.topk_p = None  # before a request's first draft state: the original path
+    assert gate.forward(original, no_draft_state, None).kind == "original"
 
 
 def test_sync_free_seq_lens_only_after_prefill_or_off_steps(gate):
@@ -122,14 +125,28 @@ def test_acceptance_counts_speculative_steps_only(gate):
     assert (c["accept_length_resumed"], c["accept_length_steady"], c["accept_length_on"]) == (2.5, 1.5, 2.0)
 
 
-def test_unsupported_settings_are_named():
+def test_unsupported_settings_and_targets_are_named():
+    mr = SimpleNamespace(mambaish_config=None, is_hybrid_swa=False, sliding_window_size=None, model_is_mrope=False,
+                         model_config=SimpleNamespace(is_multimodal=False), use_mla_backend=False)  # fmt: skip
     worker = SimpleNamespace(adaptive_controller=None, server_args=SimpleNamespace(speculative_eagle_topk=1),
-                             speculative_algorithm=SimpleNamespace(is_eagle3=lambda: True))  # fmt: skip
+                             speculative_algorithm=SimpleNamespace(is_eagle3=lambda: True),
+                             target_worker=SimpleNamespace(model_runner=mr))  # fmt: skip
     assert unsupported(worker) is None
     worker.adaptive_controller = object()
     assert "--speculative-adaptive" in unsupported(worker)
     worker.adaptive_controller, worker.server_args.enable_mixed_chunk = None, True
     assert unsupported(worker) == "mixed chunked prefill"
+    worker.server_args.enable_mixed_chunk = False
+    for obj, key, value, why in [(worker.server_args, "disaggregation_mode", "decode", "PD disaggregation"),
+                                 (worker.server_args, "enable_streaming_session", True, "streaming sessions"),
+                                 (mr, "mambaish_config", object(), "mamba/GDN"),
+                                 (mr, "sliding_window_size", 4096, "sliding-window"),
+                                 (mr, "model_is_mrope", True, "mrope"), (mr.model_config, "is_multimodal", True, "multimodal"),
+                                 (mr, "use_mla_backend", True, "MLA")]:  # fmt: skip
+        before = getattr(obj, key, None)
+        setattr(obj, key, value)
+        assert why in unsupported(worker)
+        setattr(obj, key, before if before is not None or key != "disaggregation_mode" else "null")
 
 
 def test_server_info_carries_the_counters_and_the_client_takes_level_deltas(gate, monkeypatch):
@@ -168,3 +185,33 @@ def test_catch_up_lengths_come_from_the_host_mirror_when_the_batch_has_none(gate
     gate.len_ok[2] = False  # a row whose last step speculated has no exact host length
     nxt.seq_lens = torch.tensor([11, 21, 31, 41])
     assert gate.host_seq_lens(nxt, np.array([1, 2, 3, 4])).tolist() == [11, 21, 31, 41]  # read from the device
+
+
+def test_the_mirror_check_stops_on_a_difference(gate):
+    gate.check_mirror_every = 2
+    device = torch.arange(100, 108)
+    fmap = SimpleNamespace(needs_cpu_seq_lens=True, publish_ready=None, new_seq_lens_buf=device)
+    gate.forward(original, make_batch([2, 3, 4, 5], [4, 5, 6, 7], extend=True), None)
+    for _ in range(2):
+        gate.forward(original, make_batch([2, 3, 4, 5], [4, 5, 6, 7]), None)  # off: the mirror says 5..8
+    device[[2, 3, 4, 5]] = torch.tensor([5, 6, 7, 8])
+    assert gate.resolve_seq_lens(fmap, make_batch([2, 3, 4, 5], [0] * 4))  # 1st resolve: not checked
+    assert gate.resolve_seq_lens(fmap, make_batch([2, 3, 4, 5], [0] * 4)) and gate.mirror_checks == 1  # agrees
+    gate.resolve_seq_lens(fmap, make_batch([2, 3, 4, 5], [0] * 4))
+    device[4] = 99
+    with pytest.raises(RuntimeError, match="slot 4: mirror 7 device 99"):
+        gate.resolve_seq_lens(fmap, make_batch([2, 3, 4, 5], [0] * 4))
+
+
+def test_a_released_slot_starts_clean_and_a_finishing_request_keeps_only_extended_tokens(gate):
+    gate.forward(original, make_batch([1, 2, 3, 4], [10, 20, 30, 40], extend=True), None)
+    gate.forward(original, make_batch([1, 2, 3, 4], [10, 20, 30, 40]), None)  # off: one token buffered each
+    gate.forward(original, make_batch([1, 2, 3, 4], [11, 21, 31, 41]), None)
+    req = SimpleNamespace(req_pool_idx=2, cache_protected_len=5, kv_overallocated_freed=False)
+    assert gate.commit_len(req, 22) == 20  # two tokens without draft KV stay out of the prefix cache
+    req.kv_overallocated_freed = True  # the second ask, for the over-allocated range: same answer, counted once
+    assert gate.commit_len(req, 22) == 20 and (gate.trimmed_requests, gate.trimmed_tokens) == (1, 2)
+    assert gate.commit_len(SimpleNamespace(req_pool_idx=2, cache_protected_len=21, kv_overallocated_freed=True), 22) == 21
+    gate.release(2)
+    assert gate.buffers.n_cpu[2] == 0 and not gate.len_ok[2] and gate.commit_len(req, 22) == 22
+    assert gate.buffers.n_cpu[[1, 3, 4]].tolist() == [2, 2, 2]

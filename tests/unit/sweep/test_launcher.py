@@ -38,8 +38,12 @@ def test_sglang_true_off_gate_needs_no_adaptive_tier(tmp_path):
     s = ServeSettings("/m/target", "/m/drafter", num_steps=3, gate_buffer_tokens=48)
     cmd, env = sglang_command(s, Variant("gate_8", True, 8), 31000, tmp_path)
     assert "--speculative-adaptive" not in cmd and _flag(cmd, "--speculative-num-steps") == "3"
-    assert json.loads(env["SPECGATE_GATE"]) == {"mode": "true-off", "num_steps": 3, "disable_at": 8, "enable_at": None,
-                                                "min_dwell_steps": 0, "buffer_tokens": 48}  # fmt: skip
+    gate = json.loads(env["SPECGATE_GATE"])
+    assert gate == {"mode": "true-off", "num_steps": 3, "disable_at": 8, "enable_at": None, "min_dwell_steps": 0,
+                    "buffer_tokens": 48, "sync_free_seq_lens": True}  # fmt: skip
+    s.gate_sync_free_seq_lens, s.gate_check_mirror_every = False, 100
+    gate = json.loads(sglang_command(s, Variant("gate_8", True, 8), 31000, tmp_path)[1]["SPECGATE_GATE"])
+    assert (gate["sync_free_seq_lens"], gate["check_mirror_every"]) == (False, 100)
     with pytest.raises(ValueError, match="always a true off"):
         reference_command(s, Variant("steps0_8", True, 8, gate_mode="sglang-steps0"), 1)
 
