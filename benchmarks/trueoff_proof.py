@@ -176,8 +176,8 @@ async def soak(url: str, a, rng: random.Random) -> dict:
         tasks, t0 = [], time.perf_counter()
         for k in range(a.requests):
             tasks.append(asyncio.create_task(one(k)))
-            burst = int((time.perf_counter() - t0) / 1.5) % 2 == 0  # 1.5 s of burst, 1.5 s of trickle
-            await asyncio.sleep(rng.expovariate(400 if burst else 8))
+            burst = (time.perf_counter() - t0) % 2.0 < 0.5  # 0.5 s of burst, then 1.5 s of trickle
+            await asyncio.sleep(rng.expovariate(100 if burst else 5))
         await asyncio.gather(*tasks)
         counts["seconds"] = round(time.perf_counter() - t0, 1)
         async with s.get(f"{url}/server_info") as r:
