@@ -590,7 +590,9 @@ class TrueOffGate:
         n = int(self.buffers.n_cpu[slot]) if slot is not None else 0
         if n == 0:
             return committed
-        keep = max(committed - n, req.cache_protected_len, 0)
+        # at least one token past the prefix the cache already holds: SGLang frees a finishing request's
+        # last committed token itself (EAGLE's radix keys are bigrams), which must not be one the cache owns
+        keep = min(committed, max(committed - n, req.cache_protected_len + 1))
         if not req.kv_overallocated_freed:  # asked twice per release (committed, then over-allocated)
             self.trimmed_requests += 1
             self.trimmed_tokens += committed - keep

@@ -64,7 +64,7 @@ prompt, output = list(range(100, 110)), list(range(200, 206))
 steps = {"start_free": alloc.available_size()}
 steps["finish_while_off"] = run(prompt, output, buffered=3)
 # the next turn of the same chat: its prompt is the whole first exchange, and more
-steps["next_turn"] = run(prompt + output + [300, 301], [400, 401], buffered=0)
+steps["next_turn"] = run(prompt + output + [300, 301], [400, 401], buffered=8)  # all 8 past the cached prefix
 steps["abort_while_off"] = run([7, 8, 9, 10, 11], [12, 13], buffered=2, insert=False)
 steps["counters"] = {k: gate.counters()[k] for k in ("released", "trimmed_requests", "trimmed_tokens")}
 tree.evict(EvictParams(num_tokens=KV))

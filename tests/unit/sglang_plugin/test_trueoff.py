@@ -211,7 +211,9 @@ def test_a_released_slot_starts_clean_and_a_finishing_request_keeps_only_extende
     assert gate.commit_len(req, 22) == 20  # two tokens without draft KV stay out of the prefix cache
     req.kv_overallocated_freed = True  # the second ask, for the over-allocated range: same answer, counted once
     assert gate.commit_len(req, 22) == 20 and (gate.trimmed_requests, gate.trimmed_tokens) == (1, 2)
-    assert gate.commit_len(SimpleNamespace(req_pool_idx=2, cache_protected_len=21, kv_overallocated_freed=True), 22) == 21
+    # never down to the cached prefix itself: SGLang frees the last kept token (a use-after-free if the cache owns it)
+    assert gate.commit_len(SimpleNamespace(req_pool_idx=2, cache_protected_len=21, kv_overallocated_freed=True), 22) == 22
+    assert gate.commit_len(SimpleNamespace(req_pool_idx=2, cache_protected_len=19, kv_overallocated_freed=True), 22) == 20
     gate.release(2)
     assert gate.buffers.n_cpu[2] == 0 and not gate.len_ok[2] and gate.commit_len(req, 22) == 22
     assert gate.buffers.n_cpu[[1, 3, 4]].tolist() == [2, 2, 2]
