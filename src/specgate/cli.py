@@ -52,10 +52,14 @@ def _serve(args) -> int:
 
     from specgate.engine.reference import Engine, EngineConfig
     from specgate.engine.server import serve
-    from specgate.gate import GateConfig
+    from specgate.gate import AutoConfig, GateConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps)
+    if args.auto_gate:
+        dwell = {} if args.min_dwell_steps is None else {"min_dwell_steps": args.min_dwell_steps}
+        gate = AutoConfig(margin=args.auto_margin, probe_every=args.auto_probe_every, **dwell)
+    else:
+        gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps or 0)
     engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len, args.device, args.dtype))
     serve(engine, args.host, args.port, args.served_model_name)
     return 0
@@ -104,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-steps", type=int, default=3, help="draft tokens per speculative step")
     p.add_argument("--disable-at", type=int, help="gate: stop speculating at this many running requests")
     p.add_argument("--enable-at", type=int, help="gate: resume at or below this many (default disable_at - 1)")
-    p.add_argument("--min-dwell-steps", type=int, default=0, help="gate: steps before another switch")
+    p.add_argument("--min-dwell-steps", type=int, help="gate: steps before another switch (default 0; auto gate 8)")
+    p.add_argument("--auto-gate", action="store_true",
+                   help="the auto gate: no threshold; speculate where measured step costs and acceptance say it pays")
+    p.add_argument("--auto-margin", type=float, default=0.03, help="auto gate: hysteresis on the measured gain")
+    p.add_argument("--auto-probe-every", type=int, default=200, help="auto gate: steps between probes of the other side")
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--max-len", type=int, default=2048, help="tokens per request (prompt + output)")
     p.add_argument("--device", default="cpu")

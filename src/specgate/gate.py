@@ -10,6 +10,9 @@ answers whether this step drafts.
 
 Hysteresis (enable_at < disable_at - 1) and the dwell keep the gate from flapping when
 the load hovers at the threshold.
+
+`AutoGate` below has no threshold: it measures step costs and acceptance and speculates where that
+pays (docs/design/auto-gate.md). Both answer `decide(running)` and take `observe(...)` per step.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class Gate:
             self.steps_off += 1
         return self.on
 
+    def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
+        """A fixed threshold needs no measurements (the auto gate's interface)."""
+
     def _switch(self, on: bool) -> None:
         self.on = on
         self.switches += 1
@@ -73,3 +79,181 @@ class Gate:
         c = self.config
         return {"gate_on": self.on, "steps_on": self.steps_on, "steps_off": self.steps_off, "switches": self.switches,
                 "disable_at": c.disable_at, "enable_at": c.enable_at, "min_dwell_steps": c.min_dwell_steps}  # fmt: skip
+
+
+# -- the auto gate ----------------------------------------------------------------------------------
+#
+# No threshold: the gate measures, per batch-size bucket (1, 2-3, 4-7, 8-15, ...), what a plain step
+# and a speculative step cost, and, over all speculative steps, how many tokens per request one yields
+# (tau: a property of the traffic, not of the batch size, so one estimate converges fastest). It
+# speculates where tau * plain_s / spec_s (speculative tokens/s over plain tokens/s) is above 1:
+#
+#   off -> on   when the gain in the current bucket is >= 1 + margin
+#   on  -> off  when it is < 1 - margin                  (the margin and a dwell keep it from flapping)
+#
+# A side with no estimate in a bucket yet is tried for a few steps (the warm-up); seeds from the
+# sweep's cost model replace that. Every probe_every steps the gate takes probe_len steps of the side
+# it is not on, so the estimate it is not using follows a change of workload; the first step after any
+# change of side is not measured (it carries the draft's catch-up). Step times come from the engine.
+
+
+def bucket(running: int) -> int:
+    return max(running, 1).bit_length() - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
+
+
+def _middle(b: int) -> int:
+    return (3 << b) // 2 if b else 1  # the batch a bucket's gain is quoted at: 1, 3, 6, 12, 24, ...
+
+
+@dataclass
+class AutoConfig:
+    margin: float = 0.03
+    probe_every: int = 200  # steps between probes of the other side: ~1% of steps at probe_len 2
+    probe_len: int = 2
+    alpha: float = 0.05  # EMA weight of a step on the side in use
+    probe_alpha: float = 0.25  # and of a probe step: few of them, so each counts more
+    warmup_steps: int = 3  # measured steps per side and bucket before the estimate is trusted
+    min_dwell_steps: int = 8
+    seed: dict | None = None  # bucket -> {"plain_s", "spec_s", "tau"}, e.g. from the sweep's cost model
+
+    def __post_init__(self):
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"auto gate margin must be in [0, 1), got {self.margin}")
+        for key in ("probe_every", "probe_len", "warmup_steps"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"auto gate {key} must be >= 1, got {getattr(self, key)}")
+        if self.probe_len >= self.probe_every:
+            raise ValueError("auto gate probe_len must be below probe_every")
+        for key in ("alpha", "probe_alpha"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ValueError(f"auto gate {key} must be in (0, 1], got {getattr(self, key)}")
+
+
+@dataclass
+class _Side:
+    """Step time against batch size inside one bucket: a line fitted to exponentially weighted samples,
+    so a side measured at batch 9 and the other at batch 15 are still compared at the same batch."""
+
+    w: float = 0.0  # the weighted sums of 1, b, b*b, t, b*t
+    sb: float = 0.0
+    sbb: float = 0.0
+    st: float = 0.0
+    sbt: float = 0.0
+    n: int = 0  # measured steps
+
+    def add(self, b: float, t: float, a: float) -> None:
+        k = 1 - a
+        self.w, self.sb, self.sbb = k * self.w + a, k * self.sb + a * b, k * self.sbb + a * b * b
+        self.st, self.sbt = k * self.st + a * t, k * self.sbt + a * b * t
+        self.n += 1
+
+    def seconds(self, b: float) -> float:
+        mb, mt = self.sb / self.w, self.st / self.w
+        var = self.sbb / self.w - mb * mb
+        slope = (self.sbt / self.w - mb * mt) / var if var > 1e-9 * max(mb * mb, 1) else 0.0
+        return mt + max(slope, 0.0) * (b - mb)  # a step never gets cheaper with more requests
+
+
+@dataclass
+class AutoGate:
+    config: AutoConfig = field(default_factory=AutoConfig)
+    on: bool = True
+    steps_on: int = 0
+    steps_off: int = 0
+    switches: int = 0
+    probes: int = 0
+    estimates: dict = field(default_factory=dict)  # bucket -> {"plain": _Side, "spec": _Side}
+    tau: float | None = None  # EMA of tokens per request per speculative step, all buckets
+    _dwell: int = field(default=0, repr=False)
+    _probing: int = field(default=0, repr=False)  # probe steps left
+    _since_probe: int = field(default=0, repr=False)
+    _last_side: bool | None = field(default=None, repr=False)
+    _last_probe: bool = field(default=False, repr=False)
+
+    def __post_init__(self):
+        for b, s in (self.config.seed or {}).items():
+            n = self.config.warmup_steps
+            mid = 1.5 * (1 << int(b)) if int(b) else 1.0
+            self.estimates[int(b)] = {"plain": _Side(1.0, mid, mid * mid, s["plain_s"], mid * s["plain_s"], n),
+                                      "spec": _Side(1.0, mid, mid * mid, s["spec_s"], mid * s["spec_s"], n)}  # fmt: skip
+            self.tau = s["tau"]
+
+    def _est(self, running: int) -> dict:
+        return self.estimates.setdefault(bucket(running), {"plain": _Side(), "spec": _Side()})
+
+    def gain(self, running: int) -> float | None:
+        """Speculative tokens/s over plain tokens/s in this batch's bucket; None until both sides are known."""
+        e = self._est(running)
+        p, s = e["plain"], e["spec"]
+        if min(p.n, s.n) < self.config.warmup_steps or self.tau is None:
+            return None
+        spec_s = s.seconds(running)
+        return self.tau * p.seconds(running) / spec_s if spec_s > 0 else None
+
+    def decide(self, running: int) -> bool:
+        cfg, e = self.config, self._est(running)
+        self._dwell += 1
+        self._since_probe += 1
+        side = self.on
+        g = self.gain(running)
+        if g is None:  # warm-up: measure the side this bucket lacks
+            side = e["plain"].n >= e["spec"].n
+            self._last_probe = False
+        elif self._probing:
+            self._probing -= 1
+            side = not self.on
+            self._last_probe = True
+        else:
+            self._last_probe = False
+            if self._dwell > cfg.min_dwell_steps:
+                if self.on and g < 1 - cfg.margin or not self.on and g >= 1 + cfg.margin:
+                    self.on = side = not self.on
+                    self.switches += 1
+                    self._dwell = 0
+            if self._since_probe >= cfg.probe_every:  # next steps: the other side, briefly
+                self._since_probe = 0
+                self._probing = cfg.probe_len
+                self.probes += 1
+        if side:
+            self.steps_on += 1
+        else:
+            self.steps_off += 1
+        return side
+
+    def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
+        """The engine's measurement of the step just decided: its wall time and the tokens it produced."""
+        changed = self._last_side is not None and speculated != self._last_side
+        self._last_side = speculated
+        if changed or running < 1 or seconds <= 0:
+            return  # the first step on a side carries the catch-up (or the switch): not typical
+        side = self._est(running)["spec" if speculated else "plain"]
+        side.add(running, seconds, self.config.probe_alpha if self._last_probe else self.config.alpha)
+        if speculated:  # each request in the step is one sample of tau
+            w = 1 - (1 - (self.config.probe_alpha if self._last_probe else self.config.alpha) / 8) ** running
+            self.tau = tokens / running if self.tau is None else self.tau + w * (tokens / running - self.tau)
+
+    def threshold(self) -> int | None:
+        """The smallest batch size from which on the gate would now stop speculating (None: it never would):
+        the lowest bucket whose gain, and every known gain above it, is below 1."""
+        known = [(b, g) for b in sorted(self.estimates) if (g := self.gain(_middle(b))) is not None]
+        out = None
+        for b, g in reversed(known):
+            if g >= 1:
+                break
+            out = 1 << b
+        return out
+
+    def counters(self) -> dict:
+        c = self.config
+        gains = {1 << b: round(g, 3) for b in sorted(self.estimates) if (g := self.gain(_middle(b))) is not None}
+        return {"gate_on": self.on, "steps_on": self.steps_on, "steps_off": self.steps_off, "switches": self.switches,
+                "mode": "auto", "auto_threshold": self.threshold(), "probes": self.probes, "margin": c.margin,
+                "probe_every": c.probe_every, "min_dwell_steps": c.min_dwell_steps, "gains": gains,
+                "tau": None if self.tau is None else round(self.tau, 3)}  # fmt: skip
+
+
+def make_gate(settings: dict) -> Gate | AutoGate:
+    """The gate the settings ask for: {"auto": {AutoConfig fields}} or a fixed threshold (disable_at, ...)."""
+    if settings.get("auto") is not None:
+        return AutoGate(AutoConfig(**settings["auto"]))
+    return Gate(GateConfig.from_settings(settings))

@@ -64,8 +64,8 @@ def workdir(tmp_path_factory, tiny_llama_dir):
     config["train"] |= {"ttt_length": 2, "epochs": 1, "batch_tokens": 1024, "checkpoint_every": 5}
     config["acceptance"] |= {"num_steps": [2], "max_new_tokens": 8, "prompts_per_source": 2, "batch_size": 2}
     config["serve"] = {"num_steps": 2, "max_running": 4, "max_len": 512, "ready_timeout": 120}
-    config["bench"] = {"thresholds": [2], "concurrency": [1, 2], "rounds": 2, "min_requests": 2, "requests_per_concurrency": 1,
-                       "warmup_requests": 1, "prompts": 6, "max_tokens": 8}  # fmt: skip
+    config["bench"] = {"thresholds": [2], "auto": True, "concurrency": [1, 2], "rounds": 2, "min_requests": 2,
+                       "requests_per_concurrency": 1, "warmup_requests": 1, "prompts": 6, "max_tokens": 8}  # fmt: skip
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     # A private copy of the package, first on PYTHONPATH, so the test can edit its code.
     shutil.copytree(REPO / "src/specgate", work / "pkg/specgate")
@@ -87,6 +87,7 @@ def test_full_chain_builds_every_artifact(workdir):
                     "## Threshold sweep", "## Envelope efficiency", "## Recommended threshold", "## Cost model"]:  # fmt: skip
         assert section in report
     assert "## Recommended threshold\n\n**" in report and "(gate_2)" in report
+    assert "### The auto gate" in report and "threshold settled" in report  # the auto variant ran in the sweep
     assert "Served widened (`target.widen`)" in report and "τ before widening" in report
     assert "median over rounds [90% bootstrap interval]" in report
     for rule in ["target", "widen", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance",
@@ -266,7 +267,7 @@ def test_every_example_config_plans_the_whole_chain(tmp_path, example):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     counts = planned_counts(snakemake(tmp_path, "-n"))
     bench = cfg["bench"]
-    variants = 2 + len(bench.get("thresholds", [2, 4, 8])) + len(bench.get("hysteresis", []))
+    variants = 2 + len(bench.get("thresholds", [2, 4, 8])) + len(bench.get("hysteresis", [])) + bool(bench.get("auto"))
     variants += len(bench.get("steps0_thresholds", []))
     assert counts["bench"] == variants * bench.get("rounds", 3) and counts["report"] == counts["archive"] == 1
     assert {"capture", "train", "export", "acceptance"} <= set(counts)

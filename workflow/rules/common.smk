@@ -71,14 +71,17 @@ def report_inputs(wildcards):
 
 
 def sweep_variants():
-    """nospec, always, gate_T per threshold, gate_D_E per hysteresis pair, steps0_T (SGLang's 0-step path)."""
+    """nospec, always, auto (bench.auto), gate_T per threshold, gate_D_E per hysteresis pair, steps0_T."""
     from specgate.sweep.launcher import variants
 
     bench = config["bench"]
     return [
         v.name
         for v in variants(
-            bench["thresholds"], bench["hysteresis"], bench["steps0_thresholds"]
+            bench["thresholds"],
+            bench["hysteresis"],
+            bench["steps0_thresholds"],
+            bench["auto"],
         )
     ]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgate.gate import Gate, GateConfig
+from specgate.gate import AutoConfig, AutoGate, Gate, GateConfig
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder, load_drafter
 
@@ -35,7 +35,7 @@ class EngineConfig:
     target_dir: str
     draft_dir: str | None = None
     num_steps: int = 3
-    gate: GateConfig = field(default_factory=lambda: GateConfig(None))
+    gate: GateConfig | AutoConfig = field(default_factory=lambda: GateConfig(None))  # AutoConfig: the auto gate
     max_running: int = 32
     max_len: int = 2048
     device: str = "cpu"
@@ -69,7 +69,7 @@ class Engine:
         aux = drafter.config.eagle_config["eagle_aux_hidden_state_layer_ids"] if drafter else []
         self.decoder = SpecDecoder(LlamaRunner(model, aux), drafter, slots=cfg.max_running, max_len=cfg.max_len)
         self.speculative = drafter is not None
-        self.gate = Gate(cfg.gate)
+        self.gate = AutoGate(cfg.gate) if isinstance(cfg.gate, AutoConfig) else Gate(cfg.gate)
         self._waiting: queue.Queue[Job] = queue.Queue()
         self._running: list[Job] = []
         self._free = deque(range(cfg.max_running))
@@ -169,8 +169,10 @@ class Engine:
                         self.accepted_tokens += sum(r.accepted_tokens for r in reqs) - a0
                     else:  # true off: no draft work; the draft catches up when speculation resumes
                         self.decoder.plain_step(reqs, sync_draft=False)
-                    self.steps.append(("spec" if speculate else "plain", len(reqs),
-                                       sum(len(r.output) for r in reqs) - before, time.perf_counter() - t0))  # fmt: skip
+                    made, seconds = sum(len(r.output) for r in reqs) - before, time.perf_counter() - t0
+                    self.steps.append(("spec" if speculate else "plain", len(reqs), made, seconds))
+                    if self.speculative:  # the engine's own timer: what the auto gate decides from
+                        self.gate.observe(len(reqs), speculate, seconds, made)
                     for job in self._running:
                         self._deliver(job)
                     self._retire()

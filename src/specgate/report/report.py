@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from specgate import layout
@@ -229,6 +230,29 @@ def gate_off_comparison(summary: pd.DataFrame) -> str | None:
     return _table(["threshold", "concurrency", "no-spec tok/s", "true-off gate ÷ no-spec", "SGLang steps=0 ÷ no-spec"], rows)
 
 
+def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
+    """Where the auto gate settled at each level, and how its throughput compares with the fixed thresholds'."""
+    fixed = [g for g in decision.envelope if g.startswith("gate_")]
+    best = max(fixed, key=lambda g: decision.envelope[g][0]) if fixed else None
+    thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    auto = summary[summary.variant == "auto"].set_index("concurrency")
+    rows = []
+    for c in sorted(auto.index):
+        t = auto.at[c, "auto_threshold"] if "auto_threshold" in auto else np.nan
+        rows.append([c, "none (speculates at every batch)" if pd.isna(t) else int(t), _fmt(thr.at[c, "auto"]),
+                     _fmt(thr.at[c, "auto"] / thr.at[c, best], 3) if best else "-"])  # fmt: skip
+    lines = ["No sweep beforehand: the auto gate measures its own plain and speculative step times per batch-size "
+             "bucket and the accept length, and speculates where that pays (`docs/design/auto-gate.md`). The "
+             "threshold it settled on is the smallest batch at which it would stop speculating, read from the server "
+             "at the end of each level (median over rounds).", "",
+             _table(["concurrency", "threshold settled", "auto tok/s", f"÷ {best}" if best else "÷ best fixed"], rows)]
+    if best:
+        ratio = decision.envelope["auto"][0] / decision.envelope[best][0]
+        lines += ["", f"Envelope efficiency: auto {decision.envelope['auto'][0]:.3f}, the best fixed threshold ({best}) "
+                      f"{decision.envelope[best][0]:.3f}; ratio **{ratio:.3f}**."]  # fmt: skip
+    return "\n".join(lines)
+
+
 def _threshold(levels: pd.DataFrame, gate: str) -> int:
     return int(levels[levels.variant == gate].disable_at.iloc[0])
 
@@ -357,6 +381,8 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
     if plots_dir:
         plots.envelope(summary, Path(plots_dir) / "envelope.png")
         parts += ["", f"![envelope]({_rel(plots_dir, out)}/envelope.png)"]
+    if "auto" in decision.envelope:
+        parts += ["", "### The auto gate", "", auto_gate_section(summary, decision)]
     off = gate_off_comparison(summary)
     if off:
         parts += ["", "### Gate off: specgate's true-off gate against SGLang's own 0-step path", "",

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def variant_by_name(name: str, bench: dict):
-    for v in variants(bench["thresholds"], bench["hysteresis"], bench["steps0_thresholds"]):
+    for v in variants(bench["thresholds"], bench["hysteresis"], bench["steps0_thresholds"], bench["auto"]):
         if v.name == name:
             v.min_dwell_steps = bench["min_dwell_steps"]
             return v

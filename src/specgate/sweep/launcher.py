@@ -35,21 +35,22 @@ log = logging.getLogger(__name__)
 class Variant:
     """One server configuration of the sweep."""
 
-    name: str  # nospec | always | gate_T | gate_T_E | steps0_T
+    name: str  # nospec | always | gate_T | gate_T_E | steps0_T | auto
     speculative: bool
     disable_at: int | None = None
     enable_at: int | None = None
     min_dwell_steps: int = 0
     gate_mode: str = "true-off"  # or "sglang-steps0": SGLang's adaptive 0-step tier
+    auto: bool = False  # the auto gate: no threshold (specgate.gate.AutoGate)
 
     @property
     def gated(self) -> bool:
-        return self.speculative and self.disable_at is not None
+        return self.speculative and (self.disable_at is not None or self.auto)
 
 
 def variants(thresholds: list[int], hysteresis: list[list[int]] | None = None,
-             steps0_thresholds: list[int] | None = None) -> list[Variant]:  # fmt: skip
-    out = [Variant("nospec", False), Variant("always", True)]
+             steps0_thresholds: list[int] | None = None, auto: bool = False) -> list[Variant]:  # fmt: skip
+    out = [Variant("nospec", False), Variant("always", True)] + ([Variant("auto", True, auto=True)] if auto else [])
     out += [Variant(f"gate_{t}", True, t) for t in thresholds]
     out += [Variant(f"gate_{d}_{e}", True, d, e) for d, e in hysteresis or []]
     out += [Variant(f"steps0_{t}", True, t, gate_mode="sglang-steps0") for t in steps0_thresholds or []]
@@ -121,6 +122,8 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
         cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s.draft),
                 "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
+    if v.auto:
+        raise ValueError("bench.auto: the auto gate runs on the reference engine; SGLang's plugin has fixed thresholds")
     if v.gated:
         mode = gate_mode(v)
         gate = {"mode": mode, "num_steps": s.num_steps, "disable_at": v.disable_at, "enable_at": v.enable_at,
@@ -146,7 +149,9 @@ def reference_command(s: ServeSettings, v: Variant, port: int) -> tuple[list[str
            "--max-running", str(s.max_running), "--max-len", str(s.max_len), "--device", s.device, "--dtype", s.dtype]  # fmt: skip
     if v.speculative:
         cmd += ["--draft", str(s.draft), "--num-steps", str(s.num_steps)]
-    if v.gated:
+    if v.auto:
+        cmd += ["--auto-gate"] + (["--min-dwell-steps", str(v.min_dwell_steps)] if v.min_dwell_steps else [])
+    elif v.gated:
         cmd += ["--disable-at", str(v.disable_at), "--min-dwell-steps", str(v.min_dwell_steps)]
         if v.enable_at is not None:
             cmd += ["--enable-at", str(v.enable_at)]

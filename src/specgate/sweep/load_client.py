@@ -207,6 +207,7 @@ async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: 
         gate, gate_before = gate_counters(after), gate_counters(before)
         row["gate_steps_on"] = gate.get("steps_on", 0) - gate_before.get("steps_on", 0) if gate else None
         row["gate_steps_off"] = gate.get("steps_off", 0) - gate_before.get("steps_off", 0) if gate else None
+        row["auto_threshold"] = gate.get("auto_threshold") if gate.get("mode") == "auto" else None
         all_records += [asdict(r) for r in records]
         rows.append(row)
         if progress:

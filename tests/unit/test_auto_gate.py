@@ -1,0 +1,86 @@
+"""The auto gate against a simulated engine whose step costs follow a linear cost model."""
+
+import random
+
+import pytest
+
+from specgate.gate import AutoConfig, AutoGate, Gate, GateConfig, bucket, make_gate
+
+PLAIN = (0.010, 0.0010)  # seconds per step: a + b * batch
+SPEC = (0.012, 0.0030)
+
+
+def crossover(tau: float) -> float:
+    """The batch at which tau * plain(b) = spec(b): speculation pays below it."""
+    return (SPEC[0] - tau * PLAIN[0]) / (tau * PLAIN[1] - SPEC[1])
+
+
+def drive(gate, steps, tau, rng, load):
+    """Run `steps` decode steps at running batch sizes from `load`; return the thresholds seen."""
+    seen = []
+    for i in range(steps):
+        b = load(i)
+        spec = gate.decide(b)
+        a, per = SPEC if spec else PLAIN
+        noise = rng.uniform(0.95, 1.05)
+        tokens = sum(1 + (rng.random() < (tau - 1) / 3) * 3 if spec else 1 for _ in range(b)) if spec else b
+        gate.observe(b, spec, (a + per * b) * noise, tokens)
+        seen.append(gate.threshold())
+    return seen
+
+
+def triangle(i, top=64, period=400):
+    x = i % period
+    return 1 + (top - 1) * (x if x < period // 2 else period - x) // (period // 2)
+
+
+def test_the_threshold_follows_acceptance_the_way_the_cost_model_predicts():
+    rng = random.Random(0)
+    gate = AutoGate(AutoConfig(probe_every=100))
+    drive(gate, 4000, tau=2.5, rng=rng, load=triangle)  # the cost model: pays up to ~26
+    high = gate.threshold()
+    assert crossover(2.5) == pytest.approx(26, abs=0.5)
+    assert high in (16, 32), gate.counters()  # the bucket holding the crossover, or the one above
+    seen = drive(gate, 4000, tau=1.5, rng=rng, load=triangle)  # the shift: pays only up to ~2
+    low = gate.threshold()
+    assert low < high and low in (2, 4), gate.counters()
+    # settled: from some step on, always within one bucket of the new crossover (2), never back near 26
+    settled = next(i for i in range(len(seen)) if all(x is not None and x <= 4 for x in seen[i:]))
+    assert settled < 2000, settled  # five load cycles: the spec side of each bucket is re-measured by probes
+
+
+def test_probes_are_about_one_percent_of_steps_and_off_steps_follow_the_estimates():
+    rng = random.Random(1)
+    gate = AutoGate(AutoConfig(probe_every=200, probe_len=2))
+    drive(gate, 6000, tau=2.5, rng=rng, load=lambda i: 48)  # one bucket, well above the crossover
+    c = gate.counters()
+    assert not c["gate_on"] and c["gains"][32] < 1
+    assert c["probes"] * 2 / 6000 <= 0.011
+    assert c["steps_on"] / 6000 < 0.02  # warm-up and probes only
+
+
+def test_hysteresis_and_dwell_stop_flapping_at_the_crossover():
+    rng = random.Random(2)
+    gate = AutoGate(AutoConfig(probe_every=10_000))
+    # the batch hovers around the crossover inside one bucket (16-31): the gain is one number there
+    drive(gate, 3000, tau=2.5, rng=rng, load=lambda i: rng.choice([24, 26, 28]))
+    fixed = Gate(GateConfig(26))
+    for _ in range(3000):
+        fixed.decide(rng.choice([24, 26, 28]))
+    assert gate.switches <= 4 and fixed.switches > 500
+
+
+def test_seeds_replace_the_warm_up_and_bad_settings_name_the_key():
+    seed = {b: {"plain_s": PLAIN[0] + PLAIN[1] * (1 << b), "spec_s": SPEC[0] + SPEC[1] * (1 << b), "tau": 2.5}
+            for b in range(7)}  # fmt: skip
+    gate = make_gate({"auto": {"seed": seed}})
+    assert isinstance(gate, AutoGate) and gate.threshold() == 32  # gain < 1 from bucket 32-63 (crossover 26)
+    assert gate.gain(1) > 1 and gate.gain(48) < 1  # known at once: no warm-up steps
+    assert gate.decide(1) and gate.steps_on == 1
+    assert isinstance(make_gate({"disable_at": 4}), Gate)
+    for bad, key in [({"margin": 1.5}, "margin"), ({"probe_every": 0}, "probe_every"), ({"alpha": 0}, "alpha"),
+                     ({"probe_len": 5, "probe_every": 5}, "probe_len")]:  # fmt: skip
+        with pytest.raises(ValueError, match=key):
+            AutoConfig(**bad)
+    assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 64)] == [0, 1, 1, 2, 2, 3, 6]
+    Gate(GateConfig(4)).observe(4, True, 0.1, 4)  # the fixed gate takes measurements and ignores them
