@@ -70,6 +70,12 @@ class Gate:
     def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
         """A fixed threshold needs no measurements (the auto gate's interface)."""
 
+    def observe_time(self, running: int, speculated: bool, seconds: float) -> None:
+        """As observe."""
+
+    def observe_tokens(self, requests: int, tokens: int) -> None:
+        """As observe."""
+
     def _switch(self, on: bool) -> None:
         self.on = on
         self.switches += 1
@@ -222,15 +228,25 @@ class AutoGate:
 
     def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
         """The engine's measurement of the step just decided: its wall time and the tokens it produced."""
+        self.observe_time(running, speculated, seconds)
+        if speculated:
+            self.observe_tokens(running, tokens)
+
+    def observe_time(self, running: int, speculated: bool, seconds: float) -> None:
+        """A step's wall time alone (an engine that learns the accepted tokens later calls observe_tokens then)."""
         changed = self._last_side is not None and speculated != self._last_side
         self._last_side = speculated
         if changed or running < 1 or seconds <= 0:
             return  # the first step on a side carries the catch-up (or the switch): not typical
         side = self._est(running)["spec" if speculated else "plain"]
         side.add(running, seconds, self.config.probe_alpha if self._last_probe else self.config.alpha)
-        if speculated:  # each request in the step is one sample of tau
-            w = 1 - (1 - (self.config.probe_alpha if self._last_probe else self.config.alpha) / 8) ** running
-            self.tau = tokens / running if self.tau is None else self.tau + w * (tokens / running - self.tau)
+
+    def observe_tokens(self, requests: int, tokens: int) -> None:
+        """The tokens a speculative step gave `requests` requests: each request is one sample of tau."""
+        if requests < 1:
+            return
+        w = 1 - (1 - (self.config.probe_alpha if self._last_probe else self.config.alpha) / 8) ** requests
+        self.tau = tokens / requests if self.tau is None else self.tau + w * (tokens / requests - self.tau)
 
     def threshold(self) -> int | None:
         """The smallest batch size from which on the gate would now stop speculating (None: it never would):

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 
-from specgate.gate import Gate, GateConfig
+from specgate.gate import Gate, GateConfig, make_gate
 from specgate.sglang.logs import log
 from specgate.sglang.logs import say as _say
 
@@ -41,7 +41,7 @@ TARGET = "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams"
 ENV = "SPECGATE_GATE"
 MODES = ("true-off", "sglang-steps0")
 KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens", "buffer_rows",
-        "sync_free_seq_lens", "check_mirror_every"}
+        "sync_free_seq_lens", "check_mirror_every", "auto"}
 LOG_EVERY = 1000  # decisions between counter lines
 
 
@@ -55,7 +55,9 @@ def gate_settings() -> dict | None:
         raise ValueError(f"{ENV}: unknown keys {sorted(unknown)}")
     if settings.setdefault("mode", "true-off") not in MODES:
         raise ValueError(f"{ENV}: mode must be one of {MODES}, got {settings['mode']!r}")
-    GateConfig.from_settings(settings)  # the thresholds are checked here, before any hook exists
+    make_gate(settings)  # the thresholds or the auto gate's settings are checked here, before any hook exists
+    if settings.get("auto") is not None and settings["mode"] != "true-off":
+        raise ValueError(f"{ENV}: the auto gate needs mode true-off (it times plain and speculative steps)")
     return settings
 
 
@@ -105,6 +107,10 @@ def register() -> None:
         _say(logging.INFO, f"specgate gate plugin: {ENV} not set; not installed")
         return
     if settings["mode"] == "true-off" and _register_true_off(settings):
+        return
+    if settings.get("auto") is not None:
+        _say(logging.WARNING, "specgate gate plugin: the auto gate needs the true-off gate, which this SGLang does not "
+                              "fit; not installed, SGLang runs unchanged (always speculating)")  # fmt: skip
         return
     api, reason = _hooked_api()
     if api is None:

@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specgate.gate import Gate, GateConfig
+from specgate.gate import make_gate
 from specgate.sglang.aux_buffers import AuxBuffers
 from specgate.sglang.logs import log, say
 
@@ -357,7 +357,8 @@ class TrueOffGate:
 
     def init_state(self, settings: dict, pool: int, aux_dim: int, dtype, device, rank: int = 0) -> None:
         """Everything but the SGLang objects: the gate, the buffers, the host mirror, the counters."""
-        self.gate = Gate(GateConfig.from_settings(settings))
+        self.gate = make_gate(settings)  # a fixed threshold, or the auto gate (settings["auto"])
+        self.last_step = None  # (running, speculated, start time) of the previous decode step
         self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, dtype, device,
                                   rows=int(settings.get("buffer_rows", 64)))  # fmt: skip
         self.ones = torch.ones(pool, dtype=torch.int32, device=device)
@@ -431,6 +432,7 @@ class TrueOffGate:
     def forward(self, original, batch, on_publish):
         worker = self.worker
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            self.last_step = None  # a prefill between two decode steps: their interval is no step time
             out = original(worker, batch, on_publish)
             slots_cpu = _slots_cpu(batch)
             if slots_cpu.size:  # new requests: the prefill built their draft KV
@@ -438,9 +440,16 @@ class TrueOffGate:
                 self._mirror(slots_cpu, batch.seq_lens_cpu, 0)  # spec v2: length before the first decode token
             return out
         if batch.forward_mode.is_idle() or not batch.reqs:
+            self.last_step = None
             return original(worker, batch, on_publish)
         before = self.gate.switches
         on = self.gate.decide(len(batch.reqs))
+        # step time for the auto gate: the interval between consecutive decode launches, which the GPU paces
+        # once the scheduler runs ahead (overlap); the previous step's tokens arrive in count_accepted
+        now = time.perf_counter()
+        if self.last_step is not None:
+            self.gate.observe_time(self.last_step[0], self.last_step[1], now - self.last_step[2])
+        self.last_step = (len(batch.reqs), on, now)
         plain_ok = _has_bonus(batch)  # False only before a request's first draft state exists
         if self.gate.switches != before or (self.gate.steps_on + self.gate.steps_off) % LOG_EVERY == 0:
             log.info("specgate gate %s at batch %d: %s", "on" if on else "off", len(batch.reqs), json.dumps(self.counters()))
@@ -620,6 +629,7 @@ class TrueOffGate:
         kind = "resumed" if result._specgate_resumed else "steady"
         self.accept[kind][0] += len(batch.reqs)
         self.accept[kind][1] += result.num_correct_drafts + len(batch.reqs)
+        self.gate.observe_tokens(len(batch.reqs), result.num_correct_drafts + len(batch.reqs))
 
     def counters(self) -> dict:
         rate = {k: round(t / n, 4) if n else None for k, (n, t) in self.accept.items()}

@@ -122,12 +122,15 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
         cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s.draft),
                 "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
-    if v.auto:
-        raise ValueError("bench.auto: the auto gate runs on the reference engine; SGLang's plugin has fixed thresholds")
     if v.gated:
         mode = gate_mode(v)
+        if v.auto and mode != "true-off":
+            raise ValueError("bench.auto: the auto gate needs specgate's true-off gate, which the installed SGLang "
+                             f"does not fit ({true_off_unavailable()})")  # fmt: skip
         gate = {"mode": mode, "num_steps": s.num_steps, "disable_at": v.disable_at, "enable_at": v.enable_at,
                 "min_dwell_steps": v.min_dwell_steps}  # fmt: skip
+        if v.auto:
+            gate["auto"] = {"min_dwell_steps": v.min_dwell_steps} if v.min_dwell_steps else {}
         if mode == "sglang-steps0":
             cfg_path = Path(work_dir) / f"adaptive_{v.name}.json"
             cfg_path.parent.mkdir(parents=True, exist_ok=True)

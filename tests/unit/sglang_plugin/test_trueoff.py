@@ -217,3 +217,26 @@ def test_a_released_slot_starts_clean_and_a_finishing_request_keeps_only_extende
     gate.release(2)
     assert gate.buffers.n_cpu[2] == 0 and not gate.len_ok[2] and gate.commit_len(req, 22) == 22
     assert gate.buffers.n_cpu[[1, 3, 4]].tolist() == [2, 2, 2]
+
+
+def test_the_auto_gate_in_sglang_times_decode_launches_and_counts_accepted_tokens(monkeypatch):
+    from specgate.gate import AutoGate
+
+    g = TrueOffGate.__new__(TrueOffGate)
+    g.init_state({"auto": {"warmup_steps": 1, "min_dwell_steps": 0}}, pool=8, aux_dim=2, dtype=torch.float32, device="cpu")
+    g.worker, g.plain_step = "worker", lambda batch, slots, on_publish: SimpleNamespace(kind="plain")
+    g.catch_up = lambda *a, **k: None
+    assert isinstance(g.gate, AutoGate)
+    clock = iter([0.0, 0.010, 0.030, 0.050])
+    monkeypatch.setattr("specgate.sglang.trueoff.time.perf_counter", lambda: next(clock))
+    g.forward(original, make_batch([1, 2, 3, 4], [10] * 4, extend=True), None)
+    sides = []
+    for _ in range(3):
+        out = g.forward(original, make_batch([1, 2, 3, 4], [10] * 4), None)
+        sides.append(out.kind)
+        if out.kind == "original":  # the accepted tokens reach the gate when the result is processed
+            g.count_accepted(SimpleNamespace(speculative_num_draft_tokens=4, num_correct_drafts=8, _specgate_resumed=False),
+                             SimpleNamespace(reqs=[1, 2, 3, 4]))  # fmt: skip
+    assert g.gate.tau == 3.0  # (8 correct + 4 bonus) / 4 requests
+    est = g.gate.estimates[2]  # the 4-7 bucket: the intervals between launches became step times
+    assert est["spec"].n + est["plain"].n >= 1

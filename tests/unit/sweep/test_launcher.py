@@ -79,3 +79,21 @@ def test_a_tp_that_cannot_split_the_heads_fails_before_launch(tmp_path):
         check_tensor_parallel(2, target, draft)
     with pytest.raises(ValueError, match=r"serve.tp = 3: .*draft/config.json has num_attention_heads = 8"):
         check_tensor_parallel(3, target, draft)
+
+
+def test_the_auto_variant_in_both_engines(tmp_path, monkeypatch):
+    from specgate.sweep import launcher
+    from specgate.sweep.launcher import variants
+
+    auto = next(v for v in variants([4], auto=True) if v.name == "auto")
+    assert auto.gated and auto.disable_at is None
+    s = ServeSettings("/m/target", "/m/drafter", num_steps=3)
+    cmd, _ = reference_command(s, auto, 1)
+    assert "--auto-gate" in cmd and "--disable-at" not in cmd
+    monkeypatch.setattr(launcher, "true_off_unavailable", lambda: None)
+    cmd, env = sglang_command(s, auto, 31000, tmp_path)
+    gate = json.loads(env["SPECGATE_GATE"])
+    assert gate["mode"] == "true-off" and gate["auto"] == {} and gate["disable_at"] is None
+    monkeypatch.setattr(launcher, "true_off_unavailable", lambda: "SGLang 0.5.23 is not 0.5.15")
+    with pytest.raises(ValueError, match="bench.auto: the auto gate needs specgate's true-off gate"):
+        sglang_command(s, auto, 31000, tmp_path)
