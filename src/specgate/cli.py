@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from specgate.config import SCHEMA
 
@@ -57,7 +58,11 @@ def _serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.auto_gate:
         dwell = {} if args.min_dwell_steps is None else {"min_dwell_steps": args.min_dwell_steps}
-        gate = AutoConfig(margin=args.auto_margin, probe_every=args.auto_probe_every, **dwell)
+        seed = None
+        if args.auto_seed:  # a report's recommendation.json (its "auto_seed") or the seed dict itself
+            raw = json.loads(Path(args.auto_seed).read_text())
+            seed = {int(b): v for b, v in raw.get("auto_seed", raw).items()}
+        gate = AutoConfig(margin=args.auto_margin, probe_every=args.auto_probe_every, seed=seed, **dwell)
     else:
         gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps or 0)
     engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len, args.device, args.dtype))
@@ -113,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the auto gate: no threshold; speculate where measured step costs and acceptance say it pays")
     p.add_argument("--auto-margin", type=float, default=0.03, help="auto gate: hysteresis on the measured gain")
     p.add_argument("--auto-probe-every", type=int, default=200, help="auto gate: steps between probes of the other side")
+    p.add_argument("--auto-seed", help="auto gate: start from a sweep's costs (results/report/recommendation.json)")
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--max-len", type=int, default=2048, help="tokens per request (prompt + output)")
     p.add_argument("--device", default="cpu")

@@ -84,3 +84,13 @@ def test_seeds_replace_the_warm_up_and_bad_settings_name_the_key():
             AutoConfig(**bad)
     assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 64)] == [0, 1, 1, 2, 2, 3, 6]
     Gate(GateConfig(4)).observe(4, True, 0.1, 4)  # the fixed gate takes measurements and ignores them
+
+
+def test_a_sweeps_cost_model_seeds_the_gate():
+    from specgate.report.cost_model import CostModel, Line, auto_seed
+
+    model = CostModel(Line(*PLAIN), Line(*SPEC), tau=2.5)
+    seed = auto_seed(model, max_batch=64)
+    assert sorted(seed) == list(range(7))
+    gate = AutoGate(AutoConfig(seed=seed))
+    assert gate.threshold() == 32 and model.crossover() == pytest.approx(crossover(2.5))

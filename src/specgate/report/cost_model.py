@@ -75,6 +75,15 @@ class CostModel:
         return math.inf if math.isinf(b) else math.floor(b) + 1
 
 
+def auto_seed(model: CostModel, max_batch: int) -> dict:
+    """The auto gate's starting estimates (`specgate.gate.AutoConfig.seed`) from a sweep's cost model: per
+    batch-size bucket up to max_batch, the two step times at the bucket's middle, and tau."""
+    from specgate.gate import _middle, bucket
+
+    return {b: {"plain_s": float(model.plain(_middle(b))), "spec_s": float(model.spec(_middle(b))), "tau": model.tau}
+            for b in range(bucket(max_batch) + 1)}  # fmt: skip
+
+
 def step_times(summary: pd.DataFrame) -> pd.DataFrame:
     """Effective step seconds per level of the nospec and always variants."""
     rows = []

@@ -176,7 +176,10 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
             with atomic_path(levels_out) as tmp:
                 sweep.to_csv(tmp, index=False)
     if recommendation_out:
-        write_json(recommendation_out, decision.to_dict() if decision else {"verdict": None})
+        rec = decision.to_dict() if decision else {"verdict": None}
+        if decision is not None:  # the auto gate can start from this sweep's costs: specgate serve --auto-seed
+            rec["auto_seed"] = cm.auto_seed(cm.fit(sweep)[0], int(config["serve"]["max_running"]))
+        write_json(recommendation_out, rec)
 
     stages = [s for s in STAGES if s != "regenerate" or regen_summary]
     if acceptance_unwidened:

@@ -59,7 +59,7 @@ def test_the_threshold_moves_down_when_acceptance_falls(engine):
     assert g_after < g_before * 0.8, (before["gains"], after["gains"])  # the predicted gain follows tau
     t = lambda c: float("inf") if c["auto_threshold"] is None else c["auto_threshold"]  # noqa: E731
     assert t(after) <= t(before) and t(after) <= 4  # the direction the cost model gives; off in this bucket
-    # settled within the 300 steps: off, and speculative steps in the last 100 down to about the probes
-    # (2 every 40 steps: 5%), against 100% before the shift
-    modes = [m for m, *_ in list(engine.steps)[shift:]]
-    assert not gate.on and modes[-100:].count("spec") <= 15, modes[-100:].count("spec")
+    # settled within the 300 steps: at batch 4-7, speculative steps in the last 80 are down to about the
+    # probes (2 every 40 steps: 5%), against all of them before the shift; smaller batches decide apart
+    modes = [m for m, b, *_ in list(engine.steps)[shift:] if b >= 4]
+    assert modes[-80:].count("spec") <= 10, modes[-80:].count("spec")

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""The auto gate after a workload shift, against fixed thresholds, on the reference engine.
+
+Each variant's server (auto, gate_T for each --thresholds, no-spec and always-on) gets the same
+traffic: a closed loop at --concurrency, first --seconds of prompts from one eval source (e.g.
+HumanEval, higher acceptance), then --seconds from another (e.g. ShareGPT). Output tokens are
+counted per --window seconds by completion time; the auto server's gate counters are read every
+window.
+
+Reported:
+  per variant, the steady throughput of each phase (median of the windows in its second half);
+  the better fixed threshold for the new traffic, and how long after the shift the auto gate's
+  rolling throughput (two windows) stays within 5% of it;
+  the auto gate's threshold and tau per window, and its probes.
+
+Needs the workflow's artifacts (a target and an exported drafter) and the eval set:
+  python benchmarks/auto_shift.py --target results/target --drafter results/drafter \
+      --eval results/data/eval.jsonl --from-source humaneval --to-source sharegpt --out auto_shift.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from specgate.sweep.launcher import ServeSettings, Variant, reference_command
+from specgate.sweep.load_client import RequestRecord, bench_prompts, one_request, server_info
+from specgate.sweep.managed_server import ManagedServer, free_port
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--eval", required=True, help="eval JSONL with a 'source' per record (results/data/eval.jsonl)")
+    p.add_argument("--from-source", default="humaneval")
+    p.add_argument("--to-source", default="sharegpt")
+    p.add_argument("--thresholds", default="2,4,8")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=60, help="length of each phase")
+    p.add_argument("--window", type=float, default=5)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--num-steps", type=int, default=3)
+    p.add_argument("--max-running", type=int, default=8)
+    p.add_argument("--work-dir", default="auto_shift_work")
+    p.add_argument("--out", default="auto_shift.md")
+    return p.parse_args(argv)
+
+
+async def phase(url, prompts, a, t_run, records, stop_at):
+    """Closed loop until `stop_at` (seconds since t_run); completions are timed from t_run."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+
+        async def worker(w):
+            i = w
+            while time.perf_counter() - t_run < stop_at:
+                rec = RequestRecord("", a.concurrency, i)
+                await one_request(s, url, "m", prompts[i % len(prompts)], a.max_tokens, True, rec, t_run)
+                records.append(rec)
+                i += a.concurrency
+
+        await asyncio.gather(*(worker(w) for w in range(a.concurrency)))
+
+
+async def watch(url, a, t_run, out, done):
+    while not done.is_set():
+        info = await server_info(url)
+        gate = info.get("gate") or {}
+        out.append({"t": round(time.perf_counter() - t_run, 1), "threshold": gate.get("auto_threshold"),
+                    "tau": gate.get("tau"), "probes": gate.get("probes"), "gate_on": gate.get("gate_on")})  # fmt: skip
+        try:
+            await asyncio.wait_for(done.wait(), a.window)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def drive(url, a, before, after):
+    t_run, records, gate_log, done = time.perf_counter(), [], [], asyncio.Event()
+    watcher = asyncio.create_task(watch(url, a, t_run, gate_log, done))
+    await phase(url, before, a, t_run, records, a.seconds)
+    shift = time.perf_counter() - t_run  # the last requests of phase one have drained
+    await phase(url, after, a, t_run, records, shift + a.seconds)
+    done.set()
+    await watcher
+    return records, shift, gate_log
+
+
+def windows(records, start, end, width):
+    """Output tokens per second in consecutive windows of [start, end), by completion time."""
+    n = int((end - start) // width)
+    tokens = [0] * n
+    for r in records:
+        if r.error is None and r.e2e_s is not None:
+            k = int((r.start_s + r.e2e_s - start) // width)
+            if 0 <= k < n:
+                tokens[k] += r.output_tokens
+    return [t / width for t in tokens]
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    evals = [json.loads(line) for line in Path(a.eval).read_text().splitlines() if line.strip()]
+    by_source = {src: bench_prompts([r for r in evals if r.get("source") == src], 64, seed=0)
+                 for src in (a.from_source, a.to_source)}  # fmt: skip
+    settings = ServeSettings(target=a.target, draft=a.drafter, num_steps=a.num_steps, max_running=a.max_running)
+    thresholds = [int(t) for t in a.thresholds.split(",")]
+    variants = [Variant("auto", True, auto=True)] + [Variant(f"gate_{t}", True, t) for t in thresholds]
+    variants += [Variant("nospec", False), Variant("always", True)]
+    work = Path(a.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    result = {}
+    for v in variants:
+        port = free_port()
+        cmd, env = reference_command(settings, v, port)
+        print(f"[{time.strftime('%H:%M:%S')}] {v.name}", flush=True)
+        with ManagedServer(cmd, port, work / f"{v.name}.log", ready_timeout=600, env=env) as server:
+            records, shift, gate_log = asyncio.run(drive(server.url, a, by_source[a.from_source], by_source[a.to_source]))
+        one, two = windows(records, 0, shift, a.window), windows(records, shift, shift + a.seconds, a.window)
+        result[v.name] = {"one": one, "two": two, "shift": shift, "gate": gate_log,
+                          "steady_one": statistics.median(one[len(one) // 2:]),
+                          "steady_two": statistics.median(two[len(two) // 2:])}  # fmt: skip
+        print(f"  phase 1 {result[v.name]['steady_one']:.1f} tok/s, phase 2 {result[v.name]['steady_two']:.1f} tok/s")
+
+    fixed = [f"gate_{t}" for t in thresholds]
+    best_one = max(fixed, key=lambda g: result[g]["steady_one"])
+    best_two = max(fixed, key=lambda g: result[g]["steady_two"])
+    target = 0.95 * result[best_two]["steady_two"]
+    two = result["auto"]["two"]
+    rolling = [(two[i] + two[i + 1]) / 2 for i in range(len(two) - 1)]
+    settle = next((i for i in range(len(rolling)) if all(x >= target for x in rolling[i:])), None)
+    lines = [f"`{shlex.join(['python', 'benchmarks/auto_shift.py', *sys.argv[1:]])}`", "",
+             f"Closed loop at concurrency {a.concurrency}, {a.max_tokens} output tokens per request, greedy; "
+             f"{a.seconds:g} s of `{a.from_source}` prompts, then {a.seconds:g} s of `{a.to_source}`; windows of "
+             f"{a.window:g} s; steady = median of a phase's second-half windows. One run.", "",
+             f"| variant | steady tok/s, {a.from_source} | steady tok/s, {a.to_source} |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {v} | {r['steady_one']:.1f} | {r['steady_two']:.1f} |" for v, r in result.items()]
+    lines += ["", f"Best fixed threshold: {best_one} before the shift, {best_two} after it.",
+              f"auto ÷ {best_one} before: {result['auto']['steady_one'] / result[best_one]['steady_one']:.3f}; "
+              f"auto ÷ {best_two} after: {result['auto']['steady_two'] / result[best_two]['steady_two']:.3f}.",
+              "Within 5% of " + best_two + " for good (two-window rolling mean) from "
+              + (f"{(settle + 2) * a.window:g} s after the shift." if settle is not None else "no point in the run."),
+              "", "Auto gate per window (seconds from the start; the shift at "
+              f"{result['auto']['shift']:.1f} s):", "",
+              "| t | threshold | tau | probes | on |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {g['t']} | {g['threshold'] if g['threshold'] is not None else 'none'} | {g['tau']} | {g['probes']} | "
+              f"{g['gate_on']} |" for g in result["auto"]["gate"]]  # fmt: skip
+    Path(a.out).write_text("\n".join(lines) + "\n")
+    (work / "auto_shift.json").write_text(json.dumps(result, indent=1))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
