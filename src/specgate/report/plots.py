@@ -31,8 +31,9 @@ def _save(fig, path: Path) -> None:
 
 
 def _variant_order(names) -> list[str]:
-    def key(n):
-        return (0, 0) if n == "nospec" else (1, 0) if n == "always" else (2, int(n.split("_")[1]))
+    def key(n):  # nospec, always, auto, then the fixed thresholds in order
+        fixed = {"nospec": (0, 0), "always": (1, 0), "auto": (2, 0)}
+        return fixed.get(n) or (3, int(n.split("_")[1]))
 
     return sorted(names, key=key)
 

@@ -93,3 +93,21 @@ def test_the_interval_widens_with_the_noise_and_holds_the_truth(noise):
     held = sum(t.at[(v, c), "output_throughput_lo"] <= x <= t.at[(v, c), "output_throughput_hi"]
                for v, xs in truth.items() for c, x in zip(LEVELS, xs, strict=True))  # fmt: skip
     assert held >= 6  # of 8 levels: a 90% interval of the median of 5 rounds
+
+
+def test_the_auto_variant_is_reported_beside_the_fixed_thresholds_and_never_picked():
+    from specgate.report.report import auto_gate_section
+
+    truth = {"nospec": NOSPEC, "always": ALWAYS, "gate_2": [150, 228, 300, 398], "gate_4": [150, 230, 262, 396],
+             "auto": [149, 226, 296, 392]}  # fmt: skip
+    rounds, records = synthetic(truth, 0.01)
+    rounds["auto_threshold"] = np.where(rounds.variant == "auto", 4.0, np.nan)
+    boot = un.bootstrap_levels(rounds, records)
+    levels = un.intervals(un.aggregate_rounds(rounds), boot)
+    decision = un.decide(levels, boot)
+    assert decision.pick == "gate_2" and "auto" in decision.envelope
+    text = auto_gate_section(levels, decision)
+    assert "| 1 | 4 |" in text and "÷ gate_2" in text
+    ratio = float(text.split("ratio **")[1].split("**")[0])
+    assert ratio == pytest.approx(decision.envelope["auto"][0] / decision.envelope["gate_2"][0], abs=1e-3)
+    assert 0.97 < ratio < 1.0
