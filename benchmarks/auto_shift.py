@@ -75,7 +75,8 @@ async def watch(url, a, t_run, out, done):
         info = await server_info(url)
         gate = info.get("gate") or {}
         out.append({"t": round(time.perf_counter() - t_run, 1), "threshold": gate.get("auto_threshold"),
-                    "tau": gate.get("tau"), "probes": gate.get("probes"), "gate_on": gate.get("gate_on")})  # fmt: skip
+                    "tau": gate.get("tau"), "probes": gate.get("probes"), "gate_on": gate.get("gate_on"),
+                    "steps": (gate.get("steps_on") or 0) + (gate.get("steps_off") or 0)})  # fmt: skip
         try:
             await asyncio.wait_for(done.wait(), a.window)
         except asyncio.TimeoutError:
@@ -136,6 +137,8 @@ def main(argv=None) -> int:
     two = result["auto"]["two"]
     rolling = [(two[i] + two[i + 1]) / 2 for i in range(len(two) - 1)]
     settle = next((i for i in range(len(rolling)) if all(x >= target for x in rolling[i:])), None)
+    last = result["auto"]["gate"][-1]
+    probe_steps = 2 * (last["probes"] or 0)  # probe_len 2, the default
     lines = [f"`{shlex.join(['python', 'benchmarks/auto_shift.py', *sys.argv[1:]])}`", "",
              f"Closed loop at concurrency {a.concurrency}, {a.max_tokens} output tokens per request, greedy; "
              f"{a.seconds:g} s of `{a.from_source}` prompts, then {a.seconds:g} s of `{a.to_source}`; windows of "
@@ -147,6 +150,8 @@ def main(argv=None) -> int:
               f"auto ÷ {best_two} after: {result['auto']['steady_two'] / result[best_two]['steady_two']:.3f}.",
               "Within 5% of " + best_two + " for good (two-window rolling mean) from "
               + (f"{(settle + 2) * a.window:g} s after the shift." if settle is not None else "no point in the run."),
+              f"Probe steps: {probe_steps} of {last['steps']} decode steps ({probe_steps / max(last['steps'], 1):.2%}); "
+              "each costs at most the difference between the two sides' step throughput at that batch.",
               "", "Auto gate per window (seconds from the start; the shift at "
               f"{result['auto']['shift']:.1f} s):", "",
               "| t | threshold | tau | probes | on |", "|---|---|---|---|---|"]  # fmt: skip
