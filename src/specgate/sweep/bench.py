@@ -92,8 +92,10 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
         if on_ready is not None:
             on_ready(server.url, model, prompts)
         info = _get_json(f"{server.url}/server_info")
-        # a gated server crosses its threshold once before measuring (see sweep_levels)
-        prime = min(variant.disable_at + 1, serve["max_running"]) if variant.gated and bench["warmup_requests"] else 0
+        # a gated server crosses its threshold once before measuring (see sweep_levels); the auto gate gets a
+        # full wave, so every batch-size bucket up to max_running has its warm-up before the first level
+        crossing = serve["max_running"] if variant.auto else min((variant.disable_at or 0) + 1, serve["max_running"])
+        prime = crossing if variant.gated and bench["warmup_requests"] else 0
         records, rows = asyncio.run(sweep_levels(
             server.url, model, prompts, bench["concurrency"], variant=name, num_requests=requests_for(bench),
             warmup_requests=bench["warmup_requests"], max_tokens=bench["max_tokens"], ignore_eos=bench["ignore_eos"],
