@@ -104,7 +104,7 @@ def test_full_chain_builds_every_artifact(workdir):
     second = [(work / f"results/bench/{v}/round1.jsonl").stat().st_mtime for v in ("nospec", "always", "gate_2")]
     assert min(second) > max(first)
     levels = (work / "results/report/levels.csv").read_text().splitlines()
-    assert len(levels) == 1 + 3 * 2 and "output_throughput_lo" in levels[0]
+    assert len(levels) == 1 + 4 * 2 and "output_throughput_lo" in levels[0]  # nospec, always, auto, gate_2
     assert json.loads((work / "results/report/recommendation.json").read_text())["pick"] == "gate_2"
     for plot in ["training", "throughput", "latency", "envelope", "cost_model"]:
         assert (work / f"results/report/{plot}.png").read_bytes()[:4] == b"\x89PNG"
