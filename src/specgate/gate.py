@@ -107,7 +107,7 @@ def bucket(running: int) -> int:
     return max(running, 1).bit_length() - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
 
 
-def _middle(b: int) -> int:
+def bucket_middle(b: int) -> int:
     return (3 << b) // 2 if b else 1  # the batch a bucket's gain is quoted at: 1, 3, 6, 12, 24, ...
 
 
@@ -179,7 +179,7 @@ class AutoGate:
     def __post_init__(self):
         for b, s in (self.config.seed or {}).items():
             n = self.config.warmup_steps
-            mid = 1.5 * (1 << int(b)) if int(b) else 1.0
+            mid = bucket_middle(int(b))
             self.estimates[int(b)] = {"plain": _Side(1.0, mid, mid * mid, s["plain_s"], mid * s["plain_s"], n),
                                       "spec": _Side(1.0, mid, mid * mid, s["spec_s"], mid * s["spec_s"], n)}  # fmt: skip
             self.tau = s["tau"]
@@ -251,7 +251,7 @@ class AutoGate:
     def threshold(self) -> int | None:
         """The smallest batch size from which on the gate would now stop speculating (None: it never would):
         the lowest bucket whose gain, and every known gain above it, is below 1."""
-        known = [(b, g) for b in sorted(self.estimates) if (g := self.gain(_middle(b))) is not None]
+        known = [(b, g) for b in sorted(self.estimates) if (g := self.gain(bucket_middle(b))) is not None]
         out = None
         for b, g in reversed(known):
             if g >= 1:
@@ -261,7 +261,7 @@ class AutoGate:
 
     def counters(self) -> dict:
         c = self.config
-        gains = {1 << b: round(g, 3) for b in sorted(self.estimates) if (g := self.gain(_middle(b))) is not None}
+        gains = {1 << b: round(g, 3) for b in sorted(self.estimates) if (g := self.gain(bucket_middle(b))) is not None}
         return {"gate_on": self.on, "steps_on": self.steps_on, "steps_off": self.steps_off, "switches": self.switches,
                 "mode": "auto", "auto_threshold": self.threshold(), "probes": self.probes, "margin": c.margin,
                 "probe_every": c.probe_every, "min_dwell_steps": c.min_dwell_steps, "gains": gains,
