@@ -226,6 +226,10 @@ class AutoGate:
             self.steps_off += 1
         return side
 
+    def _alpha(self) -> float:
+        """EMA weight of the step just decided: a probe step counts more (there are few of them)."""
+        return self.config.probe_alpha if self._last_probe else self.config.alpha
+
     def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
         """The engine's measurement of the step just decided: its wall time and the tokens it produced."""
         self.observe_time(running, speculated, seconds)
@@ -239,13 +243,13 @@ class AutoGate:
         if changed or running < 1 or seconds <= 0:
             return  # the first step on a side carries the catch-up (or the switch): not typical
         side = self._est(running)["spec" if speculated else "plain"]
-        side.add(running, seconds, self.config.probe_alpha if self._last_probe else self.config.alpha)
+        side.add(running, seconds, self._alpha())
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
         """The tokens a speculative step gave `requests` requests: each request is one sample of tau."""
         if requests < 1:
             return
-        w = 1 - (1 - (self.config.probe_alpha if self._last_probe else self.config.alpha) / 8) ** requests
+        w = 1 - (1 - self._alpha() / 8) ** requests
         self.tau = tokens / requests if self.tau is None else self.tau + w * (tokens / requests - self.tau)
 
     def threshold(self) -> int | None:
