@@ -2,7 +2,8 @@
 """The true-off gate inside SGLang on a GPU: greedy identity with no-spec, then a soak.
 
 Three servers on one real target (an HF checkpoint, e.g. the workflow's results/target) with a
-one-layer EAGLE-3 drafter of dummy weights, all under --enable-deterministic-inference:
+one-layer EAGLE-3 drafter of dummy weights, all under --enable-deterministic-inference (unless
+--no-deterministic):
 
   nospec   plain decoding
   always   EAGLE-3 always drafting (the control: does speculation alone change greedy outputs?)
@@ -16,7 +17,13 @@ Soak (gated server only): --requests requests with bursty random arrivals (so th
 often), random output lengths, multi-turn prompts that share prefixes with earlier turns, some
 with logprobs, some aborted through /abort_request and some dropped by the client mid-stream.
 Reported: failed requests, gate switches and steps, mirror checks, trimmed requests, and the
-server's own leak/double-free/use-after-free checks (a hit stops the server).
+server's own leak/double-free/use-after-free checks (a hit stops the server), and the prompt
+tokens the prefix cache served (SGLang's prefill lines).
+
+Deterministic inference keeps finished requests out of SGLang's radix cache, so a soak that must
+hit cached multi-turn prefixes runs with --no-deterministic and --identity-prompts 0:
+  python benchmarks/trueoff_proof.py --target results/target --variants gated --no-deterministic \
+      --identity-prompts 0 --requests 10000 --burst-period 0.5 --burst-seconds 0.12 --burst-rate 150 --trickle-rate 3
 
 Writes one Markdown page section. Needs a GPU host with SGLang and specgate installed.
   python benchmarks/trueoff_proof.py --target results/target --backend flashinfer --out proof.md
@@ -29,6 +36,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shlex
 import sys
 import tempfile
@@ -43,6 +51,7 @@ TOPICS = ["rivers", "compilers", "bread", "chess", "volcanoes", "jazz", "gardens
 ASKS = ["Explain how {t} work in three sentences.", "Write a short poem about {t}.",
         "List four surprising facts about {t}.", "Describe {t} to a child."]  # fmt: skip
 LEAK_WORDS = ("memory leak detected", "double free", "use-after-free")
+PREFILL_LINE = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)")
 
 
 def parse_args(argv=None):
@@ -55,6 +64,12 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=10000, help="soak requests")
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--variants", default="nospec,always,gated")
+    p.add_argument("--no-deterministic", dest="deterministic", action="store_false",
+                   help="servers without --enable-deterministic-inference: finished requests enter the radix cache")
+    p.add_argument("--burst-period", type=float, default=2.0, help="soak: seconds per burst-and-trickle cycle")
+    p.add_argument("--burst-seconds", type=float, default=0.5, help="soak: seconds of each cycle at --burst-rate")
+    p.add_argument("--burst-rate", type=float, default=100, help="soak: arrivals per second during a burst")
+    p.add_argument("--trickle-rate", type=float, default=5, help="soak: arrivals per second between bursts")
     p.add_argument("--work-dir")
     p.add_argument("--out", default="trueoff_proof.md")
     return p.parse_args(argv)
@@ -77,9 +92,11 @@ def draft_dir(work: Path, target: Path) -> Path:
 def command(variant: str, a, port: int, draft: Path, stats: Path) -> tuple[list[str], dict]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
            "--model-path", a.target, "--attention-backend", a.backend, "--grammar-backend", "none",
-           "--enable-deterministic-inference", "--mem-fraction-static", "0.5",
+           "--mem-fraction-static", "0.5",
            "--max-running-requests", str(a.max_running), "--cuda-graph-max-bs", str(a.max_running),
            "--disable-prefill-cuda-graph"]  # fmt: skip
+    if a.deterministic:
+        cmd.append("--enable-deterministic-inference")
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
     if variant == "nospec":
         return cmd, env
@@ -176,8 +193,8 @@ async def soak(url: str, a, rng: random.Random) -> dict:
         tasks, t0 = [], time.perf_counter()
         for k in range(a.requests):
             tasks.append(asyncio.create_task(one(k)))
-            burst = (time.perf_counter() - t0) % 2.0 < 0.5  # 0.5 s of burst, then 1.5 s of trickle
-            await asyncio.sleep(rng.expovariate(100 if burst else 5))
+            burst = (time.perf_counter() - t0) % a.burst_period < a.burst_seconds  # a burst, then a trickle
+            await asyncio.sleep(rng.expovariate(a.burst_rate if burst else a.trickle_rate))
         await asyncio.gather(*tasks)
         counts["seconds"] = round(time.perf_counter() - t0, 1)
         async with s.get(f"{url}/server_info") as r:
@@ -203,8 +220,9 @@ def main(argv=None) -> int:
         log = logs[variant] = work / f"server_{variant}.log"
         print(f"[{time.strftime('%H:%M:%S')}] {variant}: {shlex.join(cmd)}", flush=True)
         with ManagedServer(cmd, port, log, ready_timeout=900, env=env) as server:
-            outputs[variant] = asyncio.run(identity_run(server.url, a))
-            print(f"  identity run done: {len(outputs[variant])} outputs", flush=True)
+            if a.identity_prompts:
+                outputs[variant] = asyncio.run(identity_run(server.url, a))
+                print(f"  identity run done: {len(outputs[variant])} outputs", flush=True)
             if variant == "gated" and a.requests:
                 soak_result = asyncio.run(soak(server.url, a, random.Random(7)))
                 print(f"  soak: {json.dumps(soak_result)}", flush=True)
@@ -212,11 +230,15 @@ def main(argv=None) -> int:
                 if server.proc.poll() is not None:
                     soak_result["server_died"] = True
         text = log.read_text(errors="replace")
+        if variant == "gated" and soak_result is not None:  # how much of the prompts the prefix cache served
+            new, cached = (sum(int(m[i]) for m in PREFILL_LINE.findall(text)) for i in (0, 1))
+            soak_result["prefill_tokens"] = {"computed": new, "from_cache": cached}
         logs[variant] = [ln.strip()[:300] for ln in text.splitlines() if any(w in ln for w in LEAK_WORDS)][:5]
 
     lines = [f"`{shlex.join(['python', 'benchmarks/trueoff_proof.py', *sys.argv[1:]])}`", "",
              f"{torch.cuda.get_device_name(0)}; SGLang {sglang.__version__}, torch {torch.__version__}; "
-             f"{a.backend} attention; --enable-deterministic-inference; gate off at batch >= {a.disable_at}.", ""]  # fmt: skip
+             f"{a.backend} attention; {'--enable-deterministic-inference' if a.deterministic else 'radix cache on'};"
+             f" gate off at batch >= {a.disable_at}.", ""]  # fmt: skip
     base = outputs.get("nospec")
     if base:
         lines += ["| server | prompts | identical to nospec | first differing prompt |", "|---|---|---|---|"]
