@@ -190,11 +190,15 @@ async def soak(url: str, a, rng: random.Random) -> dict:
                     counts["failed"] += 1
                     counts["errors"].append(f"{type(e).__name__}: {e}"[:200])
 
+        # arrivals: a Poisson process whose rate is --burst-rate for the first --burst-seconds of every
+        # --burst-period and --trickle-rate after, drawn by thinning candidates at the burst rate (a long
+        # trickle gap drawn whole would skip over the next burst)
         tasks, t0 = [], time.perf_counter()
-        for k in range(a.requests):
-            tasks.append(asyncio.create_task(one(k)))
-            burst = (time.perf_counter() - t0) % a.burst_period < a.burst_seconds  # a burst, then a trickle
-            await asyncio.sleep(rng.expovariate(a.burst_rate if burst else a.trickle_rate))
+        while len(tasks) < a.requests:
+            await asyncio.sleep(rng.expovariate(a.burst_rate))
+            burst = (time.perf_counter() - t0) % a.burst_period < a.burst_seconds
+            if burst or rng.random() < a.trickle_rate / a.burst_rate:
+                tasks.append(asyncio.create_task(one(len(tasks))))
         await asyncio.gather(*tasks)
         counts["seconds"] = round(time.perf_counter() - t0, 1)
         async with s.get(f"{url}/server_info") as r:

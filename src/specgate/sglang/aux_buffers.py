@@ -13,6 +13,8 @@ appends the request's newest token x_S, exactly as after a prefill.
 The host is the only bookkeeper: which row a request-pool slot uses and how full it is live
 in numpy, and each append sends those indices to the device with the data. So a slot can be
 reset from any thread or stream (a release, a prefill) without a device write to race with.
+The indices go through pinned memory with a non-blocking copy (`upload`): a copy from pageable
+memory waits for the GPU to drain, which on every off step stalls SGLang's overlap scheduler.
 
 Rows are taken on a slot's first buffered token and given back when its buffer empties, so
 the buffers hold only requests that ran while the gate was off. They start small and double
@@ -29,6 +31,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+
+def upload(array: np.ndarray, device) -> torch.Tensor:
+    """A host index array on `device` without a host sync.
+
+    torch copies pageable memory to a GPU synchronously (the host waits for the stream to drain), so
+    the array goes through pinned memory and a non-blocking copy. PyTorch's pinned-memory cache does
+    not hand the block out again before that copy has completed, so the array may change right after."""
+    if torch.device(device).type != "cuda":
+        return torch.from_numpy(np.array(array)).to(device)  # a copy, as on the GPU
+    return torch.from_numpy(np.ascontiguousarray(array)).pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
@@ -89,7 +102,7 @@ class AuxBuffers:
     def append(self, slots_cpu: np.ndarray, tokens: torch.Tensor, aux: torch.Tensor) -> None:
         """Buffer one (token, aux) per row at each row's next free index. Rows must have room."""
         self._take_rows(slots_cpu)
-        where = torch.from_numpy(np.stack([self.row_of[slots_cpu], self.n_cpu[slots_cpu]])).to(self.device)
+        where = upload(np.stack([self.row_of[slots_cpu], self.n_cpu[slots_cpu]]), self.device)
         self.tokens[where[0], where[1]] = tokens.to(torch.int64)
         self.aux[where[0], where[1]] = aux.to(self.aux.dtype)
         self.n_cpu[slots_cpu] += 1
@@ -123,5 +136,5 @@ class AuxBuffers:
         offsets = np.arange(plan.total) - np.repeat(np.cumsum(plan.counts) - plan.counts, plan.counts)
         index = np.stack([np.repeat(self.row_of[plan.slots], plan.counts), offsets,
                           np.repeat(plan.slots, plan.counts), np.repeat(plan.starts, plan.counts) + offsets])  # fmt: skip
-        rows, offs, slots, positions = torch.from_numpy(index).to(self.device)
+        rows, offs, slots, positions = upload(index, self.device)
         return self.tokens[rows, offs], self.aux[rows, offs], req_to_token[slots, positions]

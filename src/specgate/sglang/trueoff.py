@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from specgate.gate import make_gate
-from specgate.sglang.aux_buffers import AuxBuffers
+from specgate.sglang.aux_buffers import AuxBuffers, upload
 from specgate.sglang.logs import log, say
 
 SUPPORTED_VERSION = "0.5.15"
@@ -543,7 +543,7 @@ class TrueOffGate:
         if plan is None:
             return
         device = batch.seq_lens.device
-        sel = torch.from_numpy(plan.sel).to(device)
+        sel = upload(plan.sel, device)
         input_ids, aux, out_cache_loc = self.buffers.gather(plan, self.req_to_token)
 
         sub = copy.copy(batch)

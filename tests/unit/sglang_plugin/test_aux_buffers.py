@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from specgate.sglang.aux_buffers import AuxBuffers
+from specgate.sglang.aux_buffers import AuxBuffers, upload
 
 
 def _req_to_token(pool, width, seed=0):
@@ -80,3 +80,28 @@ def test_more_buffered_than_the_request_holds_is_an_error():
         buf.plan(np.array([1]), np.array([2]))
     with pytest.raises(ValueError, match="window"):
         AuxBuffers(2, window=0, aux_dim=1, dtype=torch.float32, device="cpu")
+
+
+def test_upload_leaves_the_source_array_free_to_change():
+    # the bookkeeping changes its numpy arrays right after each append: the device copy must not follow
+    src = np.array([[3, 1], [0, 2]])
+    got = upload(src, "cpu")
+    src[:] = 9
+    assert got.tolist() == [[3, 1], [0, 2]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs exist only with a GPU stream")
+def test_an_off_step_and_a_catch_up_never_wait_for_the_gpu():
+    # a copy from pageable memory waits for the stream to drain; on every off step that stalls SGLang's
+    # overlap scheduler (gate-off decode fell to 0.64-0.74 of no-spec on an 8B shape)
+    buf = AuxBuffers(64, window=4, aux_dim=8, dtype=torch.bfloat16, device="cuda", rows=2)
+    r2t = _req_to_token(64, 64).cuda()
+    slots = np.array([5, 9, 17])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            buf.append(slots, torch.ones(3, device="cuda"), torch.ones(3, 8, device="cuda"))  # grows too
+        ids, aux, loc = buf.gather(buf.plan(slots, np.array([10, 10, 10])), r2t)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert ids.shape == (9,) and loc.tolist() == [int(r2t[s, p]) for s in slots for p in (7, 8, 9)]
