@@ -127,3 +127,26 @@ def pick_device(device: str):
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def native_bf16(device) -> bool:
+    """Whether bf16 matmuls run natively on `device`.
+
+    A CPU without AVX512-BF16 or AMX runs them through conversions: on a 2-vCPU Xeon without either,
+    a SmolLM2-sized bf16 matmul took 5.3x the fp32 one, and the whole workflow ran 3-6x slower in bf16."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def float_dtype(requested: str, device: str = "auto") -> str:
+    """A dtype name, with `auto` resolved: bfloat16 where `device` runs it natively, else float32."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if native_bf16(pick_device(device)) else "float32"

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from specgate.files import atomic_path, sha256_file, write_json
+from specgate.runtime import float_dtype
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,8 +85,13 @@ def materialize_target(
     path: str | None = None,
     model_id: str | None = None,
     cache_dir: str | None = None,
+    device: str = "auto",
 ) -> dict:
-    """Write config, safetensors, tokenizer (with chat template) and manifest.json to `out_dir`."""
+    """Write config, safetensors, tokenizer (with chat template) and manifest.json to `out_dir`.
+
+    dtype `auto`: bfloat16 where `device` (the stages that run the target) computes it natively, else
+    float32."""
+    dtype = float_dtype(dtype, device)
     torch_dtype = DTYPES[dtype]
     source_info: dict = {"source": source}
     if source == "gguf_wheel":

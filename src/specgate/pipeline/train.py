@@ -32,7 +32,7 @@ from tqdm import tqdm
 from specgate.files import TMP_MARK, ShardDir, atomic_path, sha256_file, stable_hash
 from specgate.model.drafter import Bf16Copy, Eagle3Drafter, drafter_config, ttt_attention
 from specgate.pipeline.capture import plan_batches
-from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, pick_device, run_data_parallel, worker_main
+from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, native_bf16, pick_device, run_data_parallel, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +248,8 @@ def train_drafter(
     accelerator = Accelerator(cpu=pick_device(device).type == "cpu")  # "auto" on a host without GPUs: CPU ranks
     if accelerator.device.type == "cuda":
         limit_gpu_host_threads()
-    if precision == "auto":  # bf16 weights with fp32 masters on a GPU, fp32 on a CPU
-        precision = "bf16" if accelerator.device.type == "cuda" else "fp32"
+    if precision == "auto":  # bf16 weights with fp32 masters where bf16 runs natively, else fp32
+        precision = "bf16" if native_bf16(accelerator.device) else "fp32"
     autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=precision == "autocast")
     compute_dtype = torch.bfloat16 if precision in ("bf16", "autocast") else torch.float32
     set_seed(seed)

@@ -31,3 +31,14 @@ def test_hf_cache_source_resolves_offline(tmp_path, tiny_llama_dir):
     weights = load_file(out / "model.safetensors")
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
     assert (out / "chat_template.jinja").exists() or "chat_template" in json.loads((out / "tokenizer_config.json").read_text())
+
+
+def test_auto_dtype_follows_the_cpus_bf16_support(tmp_path, tiny_llama_dir, monkeypatch):
+    # bf16 without AVX512-BF16 or AMX runs through conversions (5x an fp32 matmul on such a Xeon)
+    for native, want in ((False, torch.float32), (True, torch.bfloat16)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        out = tmp_path / f"target_{native}"
+        manifest = materialize_target(out, source="hf_dir", path=str(tiny_llama_dir), dtype="auto", device="cpu")
+        assert manifest["dtype"] == str(want).removeprefix("torch.")
+        assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {want}
