@@ -209,10 +209,10 @@ async def soak(url: str, a, rng: random.Random) -> dict:
 
 
 def main(argv=None) -> int:
+    a = parse_args(argv)  # first: --help needs no SGLang
     import sglang
     import torch
 
-    a = parse_args(argv)
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="trueoff_proof-"))
     work.mkdir(parents=True, exist_ok=True)
     draft = draft_dir(work, Path(a.target))

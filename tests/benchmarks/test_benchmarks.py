@@ -12,7 +12,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe",
-           "reproducibility"]
+           "reproducibility", "auto_shift", "trueoff_proof"]
 TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
 
@@ -177,3 +177,15 @@ def test_reproducibility_agreement_on_given_runs():
             {"pick": "gate_2", "within_noise": ["gate_2", "gate_4"]}, {"pick": "gate_4", "within_noise": ["gate_4", "gate_8"]}]
     assert agreement(runs) == ("The modal pick, gate_4, recurs in 3 of 4 runs. The modal within-noise set, {gate_4, gate_8}, "
                                "recurs in 2 of 4; 4 of 4 runs name gate_4 within noise of their best gate.")  # fmt: skip
+
+
+def test_shift_windows_count_tokens_when_they_stream_not_when_requests_end():
+    from specgate.sweep.load_client import RequestRecord
+
+    shift = load("auto_shift")
+    # one request streaming 4 chunks (8 tokens) over 0.5-3.5 s; one that failed; one that ends past the run
+    done = RequestRecord("auto", 1, 0, start_s=0.0, ttft_s=0.5, e2e_s=3.6, itl_s=[1.0, 1.0, 1.0], output_tokens=8)
+    failed = RequestRecord("auto", 1, 1, start_s=0.0, error="HTTP 500")
+    late = RequestRecord("auto", 1, 2, start_s=3.0, ttft_s=0.5, e2e_s=9.0, itl_s=[2.0], output_tokens=2)
+    # windows of 1 s over [0, 4): two tokens per chunk at 0.5, 1.5, 2.5 and 3.5 s; `late` adds one at 3.5 s
+    assert shift.windows([done, failed, late], 0, 4, 1) == [2.0, 2.0, 2.0, 3.0]

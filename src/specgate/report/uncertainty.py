@@ -10,9 +10,10 @@ no-spec at some level of a 4-level sweep in 8 of 20 synthetic sweeps.
 
 So the noise is pooled: each round's deviation from its cell's mean (relative, scaled by
 sqrt(n / (n - 1))) is pooled over every variant and level of the sweep, since they ran on
-the same host in the same way, and each cell is redrawn as its mean times (1 + pooled
+the same host in the same way, and each cell is redrawn as its median times (1 + pooled
 deviations), one per round. The statistic is the median over rounds, as the point estimate
-is. With a single round there are no deviations to pool, and the requests of that round are
+is. The redraws center on the median, not the mean: one slow round (a noisy neighbour) pulls
+a mean of 3 far enough that its interval would miss the median it stands for. With a single round there are no deviations to pool, and the requests of that round are
 resampled instead (Little's law: tokens ÷ end-to-end seconds). Intervals are the 5th to 95th
 percentiles (90%).
 
@@ -70,7 +71,7 @@ def bootstrap_levels(rounds: pd.DataFrame, records: pd.DataFrame, draws: int = D
     if len(pooled):
         for key, x in cells.items():
             dev = pooled[rng.integers(0, len(pooled), size=(draws, len(x)))]
-            out[key] = np.median(x.mean() * (1 + dev), axis=1)
+            out[key] = np.median(np.median(x) * (1 + dev), axis=1)
         return out
     # One round: only the requests of that round to go by (Little's law on resampled requests)
     ok = records[records.error.isna() & (records.e2e_s > 0)] if len(records) else records
