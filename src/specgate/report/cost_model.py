@@ -78,7 +78,7 @@ class CostModel:
 def auto_seed(model: CostModel, max_batch: int) -> dict:
     """The auto gate's starting estimates (`specgate.gate.AutoConfig.seed`) from a sweep's cost model: per
     batch-size bucket up to max_batch, the two step times at the bucket's middle, and tau."""
-    from specgate.gate import bucket_middle, bucket
+    from specgate.gate import bucket, bucket_middle
 
     return {b: {"plain_s": float(model.plain(bucket_middle(b))), "spec_s": float(model.spec(bucket_middle(b))), "tau": model.tau}
             for b in range(bucket(max_batch) + 1)}  # fmt: skip
