@@ -13,8 +13,9 @@ sqrt(n / (n - 1))) is pooled over every variant and level of the sweep, since th
 the same host in the same way, and each cell is redrawn as its median times (1 + pooled
 deviations), one per round. The statistic is the median over rounds, as the point estimate
 is. The redraws center on the median, not the mean: one slow round (a noisy neighbour) pulls
-a mean of 3 far enough that its interval would miss the median it stands for. With a single round there are no deviations to pool, and the requests of that round are
-resampled instead (Little's law: tokens ÷ end-to-end seconds). Intervals are the 5th to 95th
+a mean of 3 far enough that its interval would miss the median it stands for. With a single
+round there are no deviations to pool, and the requests of that round are resampled instead
+(Little's law: tokens ÷ end-to-end seconds). Intervals are the 5th to 95th
 percentiles (90%).
 
 The decision rule (`decide`) works on the same bootstrap draws:
