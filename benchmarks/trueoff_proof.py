@@ -92,6 +92,7 @@ def draft_dir(work: Path, target: Path) -> Path:
 def command(variant: str, a, port: int, draft: Path, stats: Path) -> tuple[list[str], dict]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
            "--model-path", a.target, "--attention-backend", a.backend, "--grammar-backend", "none",
+           "--sampling-backend", "pytorch",  # flashinfer's sampler JIT-compiles on the first sampled request
            "--mem-fraction-static", "0.5",
            "--max-running-requests", str(a.max_running), "--cuda-graph-max-bs", str(a.max_running),
            "--disable-prefill-cuda-graph"]  # fmt: skip
@@ -141,6 +142,21 @@ async def identity_run(url: str, a) -> dict[int, list[int]]:
             await asyncio.sleep(0.4)
         await asyncio.gather(*tasks)
     return out
+
+
+async def warm_paths(url: str) -> float:
+    """One request down each path the soak takes, before its clock starts: a sampled one, one with
+    logprobs, and a prompt sent twice so the second hits the prefix cache (flashinfer compiles its
+    cascade kernels on the first hit and stalls the scheduler meanwhile). Returns the seconds taken."""
+    import aiohttp
+
+    t0, text = time.perf_counter(), prompts(1)[0] * 4
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as s:
+        for payload in ({"text": text, "sampling_params": {"temperature": 0.8, "max_new_tokens": 8}},
+                        {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": 8},
+                         "return_logprob": True, "top_logprobs_num": 2}):  # fmt: skip
+            await generate(s, url, payload)
+    return round(time.perf_counter() - t0, 1)
 
 
 async def soak(url: str, a, rng: random.Random) -> dict:
@@ -193,13 +209,21 @@ async def soak(url: str, a, rng: random.Random) -> dict:
         # arrivals: a Poisson process whose rate is --burst-rate for the first --burst-seconds of every
         # --burst-period and --trickle-rate after, drawn by thinning candidates at the burst rate (a long
         # trickle gap drawn whole would skip over the next burst)
+        async def progress():  # a soak stopped early still leaves its counts in the log
+            while True:
+                await asyncio.sleep(30)
+                shown = {k: v for k, v in counts.items() if k != "errors"}
+                print(f"  [{time.strftime('%H:%M:%S')}] {len(tasks)} sent: {json.dumps(shown)}", flush=True)
+
         tasks, t0 = [], time.perf_counter()
+        reporter = asyncio.create_task(progress())
         while len(tasks) < a.requests:
             await asyncio.sleep(rng.expovariate(a.burst_rate))
             burst = (time.perf_counter() - t0) % a.burst_period < a.burst_seconds
             if burst or rng.random() < a.trickle_rate / a.burst_rate:
                 tasks.append(asyncio.create_task(one(len(tasks))))
         await asyncio.gather(*tasks)
+        reporter.cancel()
         counts["seconds"] = round(time.perf_counter() - t0, 1)
         async with s.get(f"{url}/server_info") as r:
             info = await r.json()
@@ -228,6 +252,7 @@ def main(argv=None) -> int:
                 outputs[variant] = asyncio.run(identity_run(server.url, a))
                 print(f"  identity run done: {len(outputs[variant])} outputs", flush=True)
             if variant == "gated" and a.requests:
+                print(f"  warm-up of the soak's paths: {asyncio.run(warm_paths(server.url))} s", flush=True)
                 soak_result = asyncio.run(soak(server.url, a, random.Random(7)))
                 print(f"  soak: {json.dumps(soak_result)}", flush=True)
                 time.sleep(5)  # idle: SGLang's strict memory check runs now
