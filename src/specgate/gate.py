@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Speculative steps after the gate turns back on that count as "just resumed" in both engines' acceptance
+# counters: the draft has just caught up over the tokens decoded while off, and a poor catch-up shows here.
+RESUMED_STEPS = 32
+
 
 @dataclass
 class GateConfig:

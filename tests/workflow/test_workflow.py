@@ -90,6 +90,8 @@ def test_full_chain_builds_every_artifact(workdir):
     assert "### The auto gate" in report and "threshold settled" in report  # the auto variant ran in the sweep
     assert "Served widened (`target.widen`)" in report and "τ before widening" in report
     assert "median over rounds [90% bootstrap interval]" in report
+    # gate_2 turns off at c = 2 and after the prime burst, and speculates again: its first steps after that are counted
+    assert "### Acceptance after the gate turns back on" in report and "| gate_2 |" in report.split("turns back on")[1]
     for rule in ["target", "widen", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance",
                  "acceptance_unwidened", "report", *[f"bench/{v}.round{r}" for v in ("nospec", "always", "gate_2")
                                                      for r in (0, 1)]]:  # fmt: skip

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgate.gate import AutoConfig, AutoGate, Gate, GateConfig
+from specgate.gate import RESUMED_STEPS, AutoConfig, AutoGate, Gate, GateConfig
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder, load_drafter
 
@@ -76,6 +76,8 @@ class Engine:
         self._closed = threading.Event()
         self.verify_steps = 0
         self.accepted_tokens = 0
+        self.resumed = [0, 0]  # verify steps, accepted tokens within RESUMED_STEPS after an off step
+        self.since_off = None  # speculative steps since the last off step; None: never off
         self.steps = deque(maxlen=20000)  # (mode, batch, tokens_out, seconds): data for the cost model
         self._thread = threading.Thread(target=self._loop, name="specgate-engine", daemon=True)
         self._thread.start()
@@ -97,6 +99,8 @@ class Engine:
             "avg_spec_accept_length": self.accepted_tokens / self.verify_steps if self.verify_steps else None,
             "spec_verify_steps": self.verify_steps,
             "spec_accepted_tokens": self.accepted_tokens,
+            "spec_verify_steps_resumed": self.resumed[0],
+            "spec_accepted_tokens_resumed": self.resumed[1],
             "running": len(self._running),
             "waiting": self._waiting.qsize(),
             "speculative": self.speculative,
@@ -165,10 +169,14 @@ class Engine:
                     if speculate:
                         v0, a0 = sum(r.verify_steps for r in reqs), sum(r.accepted_tokens for r in reqs)
                         self.decoder.spec_step(reqs, self.cfg.num_steps)
-                        self.verify_steps += sum(r.verify_steps for r in reqs) - v0
-                        self.accepted_tokens += sum(r.accepted_tokens for r in reqs) - a0
+                        v, a = sum(r.verify_steps for r in reqs) - v0, sum(r.accepted_tokens for r in reqs) - a0
+                        self.verify_steps, self.accepted_tokens = self.verify_steps + v, self.accepted_tokens + a
+                        if self.since_off is not None and self.since_off < RESUMED_STEPS:
+                            self.resumed = [self.resumed[0] + v, self.resumed[1] + a]
+                            self.since_off += 1
                     else:  # true off: no draft work; the draft catches up when speculation resumes
                         self.decoder.plain_step(reqs, sync_draft=False)
+                        self.since_off = 0
                     made, seconds = sum(len(r.output) for r in reqs) - before, time.perf_counter() - t0
                     self.steps.append(("spec" if speculate else "plain", len(reqs), made, seconds))
                     if self.speculative:  # the engine's own timer: what the auto gate decides from

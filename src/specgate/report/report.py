@@ -17,6 +17,7 @@ import pandas as pd
 
 from specgate import layout
 from specgate.files import atomic_path, read_jsonl, write_json
+from specgate.gate import RESUMED_STEPS
 from specgate.report import cost_model as cm
 from specgate.report import plots
 from specgate.report import uncertainty as un
@@ -319,6 +320,30 @@ def accept_title(summary: pd.DataFrame) -> str:
             "on gated servers it includes gate-off steps, counted as 1)")
 
 
+def resumed_section(summary: pd.DataFrame) -> list[str]:
+    """Acceptance in the first speculative steps after the gate turns back on, against the same server's
+    other speculative steps and against always-on: a draft that caught up badly over the tokens decoded
+    while off shows here. Empty where no server counted such steps."""
+    if "spec_verify_resumed" not in summary or not (summary.spec_verify_resumed.fillna(0) > 0).any():
+        return []
+    always = summary[summary.variant == "always"].dropna(subset=["accept_length"])
+    tau = (float(np.average(always.accept_length.astype(float), weights=always.total_output_tokens))
+           if len(always) else math.nan)  # the cost model's τ  # fmt: skip
+    rows = []
+    for v, g in summary[summary.spec_verify_resumed.fillna(0) > 0].groupby("variant", sort=False):
+        n, k = g.spec_verify_resumed.sum(), g.spec_accepted_resumed.sum()
+        rest_n, rest_k = g.spec_verify.sum() - n, g.spec_accepted.sum() - k
+        resumed, rest = float(k / n), float(rest_k / rest_n) if rest_n else math.nan
+        rows.append([v, int(n), *(_fmt(x, 3) for x in (resumed, rest, resumed / rest, resumed / tau))])
+    return ["", "### Acceptance after the gate turns back on", "",
+            f"Accept length over the first {RESUMED_STEPS} speculative steps after each off period (request-steps, "
+            "summed over levels and rounds), over the same server's other speculative steps, and over always-on's "
+            f"accept length (τ = {tau:.3f}, weighted by output tokens as in the cost model). Near 1 means the draft "
+            "caught up over the tokens decoded while off as well as if it had never stopped.", "",
+            _table(["variant", "request-steps after resuming", "accept length after resuming", "other speculative steps",
+                    "÷ other steps", "÷ always-on"], rows)]  # fmt: skip
+
+
 def _with_interval(summary: pd.DataFrame, variants: list[str]) -> str:
     """Throughput medians over rounds with their 90% bootstrap interval."""
     idx = summary.set_index(["concurrency", "variant"])
@@ -352,6 +377,7 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
              "", "### Median ITL (ms)", "", _by_concurrency(summary, "median_itl_ms", variants),
              "", "### p99 ITL (ms)", "", _by_concurrency(summary, "p99_itl_ms", variants),
              "", f"### {accept_title(summary)}", "", _by_concurrency(summary, "accept_length", [v for v in variants if v != "nospec"], 3),
+             *resumed_section(summary),
              "", f"Failed requests: {int(summary.failed.sum())} of {int(summary.completed.sum() + summary.failed.sum())}."]  # fmt: skip
     if summary.errors.notna().any():
         parts += ["", "Errors: " + "; ".join(sorted(set(summary.errors.dropna())))]

@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specgate.gate import make_gate
+from specgate.gate import RESUMED_STEPS, make_gate
 from specgate.sglang.aux_buffers import AuxBuffers, upload
 from specgate.sglang.logs import log, say
 
@@ -78,7 +78,6 @@ REQ_POOL = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 INFO_KEY = "specgate_gate"  # the gate's counters in /server_info's internal_states
 LOG_EVERY = 2000  # decode steps between counter lines
-RECENT_STEPS = 32  # speculative steps after a catch-up counted as "just resumed"
 STATS_ENV = "SPECGATE_STATS_DIR"  # if set, rank 0 keeps its counters in a JSON file there
 
 # file (under sglang/srt) -> class -> member -> its parameter names, exactly (None: must exist)
@@ -371,7 +370,7 @@ class TrueOffGate:
         self.catchups = self.flushes = self.caught_up_tokens = 0
         self.plain_steps = self.original_steps = self.sync_free_resolves = self.mirror_checks = 0
         self.released = self.trimmed_requests = self.trimmed_tokens = 0
-        self.since_catchup = RECENT_STEPS
+        self.since_catchup = RESUMED_STEPS
         # acceptance of speculative steps: [request-steps, tokens] just after a catch-up and otherwise
         self.accept = {"resumed": [0, 0], "steady": [0, 0]}
         stats_dir = os.environ.get(STATS_ENV)
@@ -462,7 +461,7 @@ class TrueOffGate:
             self.original_steps += 1
             self.len_ok[slots_cpu] = False  # the accept lengths reach the host only later
             out = original(worker, batch, on_publish)
-            out._specgate_resumed = self.since_catchup < RECENT_STEPS  # read back when the result is processed
+            out._specgate_resumed = self.since_catchup < RESUMED_STEPS  # read back when the result is processed
             self.since_catchup += 1
             return out
         if (self.buffers.n_cpu[slots_cpu] >= self.buffers.window).any():
@@ -639,6 +638,8 @@ class TrueOffGate:
                 "caught_up_tokens": self.caught_up_tokens,
                 "accept_length_on": round(t / n, 4) if n else None, "accept_length_resumed": rate["resumed"],
                 "accept_length_steady": rate["steady"], "verify_request_steps_on": n, "accepted_tokens_on": t,
+                "verify_request_steps_resumed": self.accept["resumed"][0],
+                "accepted_tokens_resumed": self.accept["resumed"][1],
                 "sync_free_resolves": self.sync_free_resolves, "mirror_checks": self.mirror_checks,
                 "released": self.released, "trimmed_requests": self.trimmed_requests,
                 "trimmed_tokens": self.trimmed_tokens, "buffer_rows": self.buffers.rows,

@@ -151,6 +151,22 @@ def accept_length(before: dict, after: dict) -> tuple[float | None, str]:
     return states[0].get("avg_spec_accept_length"), "server cumulative average"
 
 
+def spec_counts(info: dict) -> dict | None:
+    """Cumulative speculative counts, in request-steps: all, and those within the first RESUMED_STEPS
+    speculative steps after the gate turned back on. The reference engine's own counters or the SGLang
+    true-off gate's; None for a server that has neither (SGLang without the plugin)."""
+    if "spec_verify_steps_resumed" in info:
+        return {"verify": info["spec_verify_steps"], "accepted": info["spec_accepted_tokens"],
+                "verify_resumed": info["spec_verify_steps_resumed"],
+                "accepted_resumed": info["spec_accepted_tokens_resumed"]}  # fmt: skip
+    gate = gate_counters(info)
+    if "verify_request_steps_resumed" in gate:
+        return {"verify": gate["verify_request_steps_on"], "accepted": gate["accepted_tokens_on"],
+                "verify_resumed": gate["verify_request_steps_resumed"],
+                "accepted_resumed": gate["accepted_tokens_resumed"]}  # fmt: skip
+    return None
+
+
 def _ms(values, q=None):
     if not values:
         return None
@@ -208,6 +224,9 @@ async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: 
         row["gate_steps_on"] = gate.get("steps_on", 0) - gate_before.get("steps_on", 0) if gate else None
         row["gate_steps_off"] = gate.get("steps_off", 0) - gate_before.get("steps_off", 0) if gate else None
         row["auto_threshold"] = gate.get("auto_threshold") if gate.get("mode") == "auto" else None
+        counts, counts_before = spec_counts(after), spec_counts(before) or {}
+        for key in ("verify", "accepted", "verify_resumed", "accepted_resumed"):  # this level's, for the report
+            row[f"spec_{key}"] = counts[key] - counts_before.get(key, 0) if counts else None
         all_records += [asdict(r) for r in records]
         rows.append(row)
         if progress:

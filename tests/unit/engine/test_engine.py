@@ -54,12 +54,18 @@ def test_outputs_equal_no_speculation_at_any_threshold(counting_target, tiny_dra
         engine.shutdown()
     assert outputs == nospec_outputs
     gate = stats["gate"]
+    resumed_steps, resumed_tokens = stats["spec_verify_steps_resumed"], stats["spec_accepted_tokens_resumed"]
     if disable_at is None:
         assert gate["steps_off"] == 0 and stats["avg_spec_accept_length"] > 1.5
+        assert resumed_steps == 0  # never off: nothing to resume from
     elif disable_at == 1:
-        assert gate["steps_on"] == 0 and stats["spec_verify_steps"] == 0
+        assert gate["steps_on"] == 0 and stats["spec_verify_steps"] == 0 and resumed_steps == 0
     else:
         assert gate["steps_on"] > 0 and gate["steps_off"] > 0 and gate["switches"] >= 1
+        # the load starts above the threshold and falls: every speculative step here follows an off period,
+        # and the caught-up draft accepts as well as a drafter that never stopped
+        assert 0 < resumed_steps <= stats["spec_verify_steps"]
+        assert resumed_tokens / resumed_steps > 1.5
 
 
 @pytest.mark.parametrize("sync_draft", [True, False], ids=["draft-extend-every-step", "true-off-then-catch-up"])

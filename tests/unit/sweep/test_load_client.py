@@ -55,6 +55,9 @@ def test_a_prime_burst_switches_the_gate_off_and_on_before_the_levels(server):  
     assert after["steps_off"] > before["steps_off"]  # the burst ran with the gate off
     # and is not measured: the level has its 2 requests and speculates throughout
     assert len(records) == 2 and rows[0]["gate_steps_off"] == 0 and rows[0]["gate_steps_on"] > 0
+    # its first speculative steps follow the burst's off period: counted as "after resuming", this level's only
+    assert 0 < rows[0]["spec_verify_resumed"] <= rows[0]["spec_verify"]
+    assert rows[0]["spec_accepted_resumed"] >= rows[0]["spec_verify_resumed"]
 
 
 def test_a_level_over_the_error_bound_fails_with_the_reason(server):  # noqa: F811
