@@ -4,13 +4,16 @@
 Each variant's server (auto, gate_T for each --thresholds, no-spec and always-on) gets the same
 traffic: a closed loop at --concurrency, first --seconds of prompts from one eval source (e.g.
 HumanEval, higher acceptance), then --seconds from another (e.g. ShareGPT). Output tokens are
-counted per --window seconds by completion time; the auto server's gate counters are read every
+counted per --window seconds by the time they stream; every server's gate counters are read every
 window.
 
 Reported:
   per variant, the steady throughput of each phase (median of the windows in its second half);
   the better fixed threshold for the new traffic, and how long after the shift the auto gate's
   rolling throughput (two windows) stays within 5% of it;
+  how long after the shift the auto gate speculates on the same share of decode steps as that fixed
+  gate: servers of one engine run one after another, so their throughputs also differ by how fast the
+  machine was meanwhile, while their decisions do not;
   the auto gate's threshold and tau per window, and its probes.
 
 Needs the workflow's artifacts (a target and an exported drafter) and the eval set:
@@ -77,6 +80,7 @@ async def watch(url, a, t_run, out, done):
         gate = info.get("gate") or {}
         out.append({"t": round(time.perf_counter() - t_run, 1), "threshold": gate.get("auto_threshold"),
                     "tau": gate.get("tau"), "probes": gate.get("probes"), "gate_on": gate.get("gate_on"),
+                    "steps_on": gate.get("steps_on") or 0, "steps_off": gate.get("steps_off") or 0,
                     "steps": (gate.get("steps_on") or 0) + (gate.get("steps_off") or 0)})  # fmt: skip
         try:
             await asyncio.wait_for(done.wait(), a.window)
@@ -114,6 +118,28 @@ def windows(records, start, end, width):
     return [t / width for t in tokens]
 
 
+def decisions_settle(auto_log, fixed_log, shift, tolerance=0.05):
+    """Seconds after the shift by which the auto gate decides as the fixed gate does, for good.
+
+    Per interval between two polls of the gate counters (one per window), the share of decode steps that
+    speculated. Two servers of one engine that speculate on the same share of steps do the same work per
+    step, so their throughput differs only by what the machine does meanwhile. On a shared 2-vCPU VM that
+    drifts by ±10% over minutes, which is more than the 5% being resolved when servers run one after another.
+    Returns the end of the first interval after the shift from which every interval's share is within
+    `tolerance` of the fixed gate's in the interval at the same offset from the shift; None if none."""
+
+    def shares(log):
+        pairs = zip(log, log[1:])
+        return [((b["t"] - shift), (b["steps_on"] - a["steps_on"]) / max(b["steps"] - a["steps"], 1))
+                for a, b in pairs if a["t"] >= shift]  # fmt: skip
+
+    auto, fixed = shares(auto_log), shares(fixed_log)
+    n = min(len(auto), len(fixed))
+    close = [abs(auto[i][1] - fixed[i][1]) <= tolerance for i in range(n)]
+    first = next((i for i in range(n) if all(close[i:])), None)
+    return (auto[first][0] if first is not None else None), auto[:n], fixed[:n]
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     evals = [json.loads(line) for line in Path(a.eval).read_text().splitlines() if line.strip()]
@@ -145,6 +171,8 @@ def main(argv=None) -> int:
     two = result["auto"]["two"]
     rolling = [(two[i] + two[i + 1]) / 2 for i in range(len(two) - 1)]
     settle = next((i for i in range(len(rolling)) if all(x >= target for x in rolling[i:])), None)
+    decided, auto_shares, best_shares = decisions_settle(result["auto"]["gate"], result[best_two]["gate"],
+                                                         result["auto"]["shift"])  # fmt: skip
     last = result["auto"]["gate"][-1]
     probe_steps = 2 * (last["probes"] or 0)  # probe_len 2, the default
     lines = [f"`{shlex.join(['python', 'benchmarks/auto_shift.py', *sys.argv[1:]])}`", "",
@@ -158,6 +186,10 @@ def main(argv=None) -> int:
               f"auto ÷ {best_two} after: {result['auto']['steady_two'] / result[best_two]['steady_two']:.3f}.",
               "Within 5% of " + best_two + " for good (two-window rolling mean) from "
               + (f"{(settle + 2) * a.window:g} s after the shift." if settle is not None else "no point in the run."),
+              f"Decides as {best_two} does (share of speculative decode steps within 0.05 of {best_two}'s in every "
+              "later window) from " + (f"{decided:.1f} s after the shift." if decided is not None else "no point in the run.")
+              + " Per window after the shift, auto / " + best_two + ": "
+              + ", ".join(f"{x:.2f}/{y:.2f}" for (_, x), (_, y) in zip(auto_shares, best_shares)) + ".",
               f"Probe steps: {probe_steps} of {last['steps']} decode steps ({probe_steps / max(last['steps'], 1):.2%}); "
               "each costs at most the difference between the two sides' step throughput at that batch.",
               "", "Auto gate per window (seconds from the start; the shift at "

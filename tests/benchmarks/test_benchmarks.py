@@ -189,3 +189,22 @@ def test_shift_windows_count_tokens_when_they_stream_not_when_requests_end():
     late = RequestRecord("auto", 1, 2, start_s=3.0, ttft_s=0.5, e2e_s=9.0, itl_s=[2.0], output_tokens=2)
     # windows of 1 s over [0, 4): two tokens per chunk at 0.5, 1.5, 2.5 and 3.5 s; `late` adds one at 3.5 s
     assert shift.windows([done, failed, late], 0, 4, 1) == [2.0, 2.0, 2.0, 3.0]
+
+
+def test_shift_decisions_settle_when_auto_speculates_on_the_fixed_gates_share_of_steps():
+    shift = load("auto_shift")
+
+    def log(on_per_window):  # a poll every 5 s from t = 0; 100 decode steps per window, `on` of them speculative
+        out, on_total = [{"t": 0.0, "steps_on": 0, "steps": 0}], 0
+        for k, on in enumerate(on_per_window, 1):
+            on_total += on
+            out.append({"t": 5.0 * k, "steps_on": on_total, "steps": 100 * k})
+        return out
+
+    # the shift at 10 s: auto still speculates on 60 and 30 of 100 steps, then on 4 and 2 like the fixed gate
+    settled, auto, fixed = shift.decisions_settle(log([90, 90, 60, 30, 4, 2]), log([90, 90, 2, 2, 2, 2]), 10.0)
+    assert settled == 15.0  # the end of the first window after the shift from which the shares stay within 0.05
+    assert [round(s, 2) for _, s in auto] == [0.6, 0.3, 0.04, 0.02] and len(fixed) == 4
+    # a late relapse moves the settling point past it
+    assert shift.decisions_settle(log([90, 90, 60, 4, 30, 2]), log([90, 90, 2, 2, 2, 2]), 10.0)[0] == 20.0
+    assert shift.decisions_settle(log([90, 90, 60, 30, 4, 30]), log([90, 90, 2, 2, 2, 2]), 10.0)[0] is None

@@ -9,6 +9,8 @@ request. Tokens go back to callers through callbacks. The step logic is
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import logging
 import queue
 import threading
@@ -72,7 +74,12 @@ class Engine:
         self.gate = AutoGate(cfg.gate) if isinstance(cfg.gate, AutoConfig) else Gate(cfg.gate)
         self._waiting: queue.Queue[Job] = queue.Queue()
         self._running: list[Job] = []
-        self._free = deque(range(cfg.max_running))
+        # Free slots as a min-heap, and the running batch kept in slot order: under a steady load the batch
+        # then holds slots 0..B-1 in order, and the CPU KV cache attends to them in one call per layer. With
+        # slots in arrival order it attended row by row, a cost that differed by variant: at c = 8 on 2 vCPUs
+        # a gate-off step ran at half the time of a no-spec one, and at c = 4 the auto gate's plain steps took
+        # 1.15-1.25x a fixed gate's on the same machine at the same moment.
+        self._free = list(range(cfg.max_running))
         self._closed = threading.Event()
         self.verify_steps = 0
         self.accepted_tokens = 0
@@ -136,16 +143,16 @@ class Engine:
             if job is None:
                 return
             block = False
-            job.request.slot = self._free.popleft()
+            job.request.slot = heapq.heappop(self._free)
             try:
                 # while the gate is off the draft prefill waits for the catch-up too
                 self.decoder.prefill(job.request, sync_draft=self.gate.on)
             except Exception as e:  # this request fails; the others go on
                 log.exception("prefill failed")
-                self._free.append(job.request.slot)
+                heapq.heappush(self._free, job.request.slot)
                 job.on_done(None, f"engine error: {e}")
                 continue
-            self._running.append(job)
+            bisect.insort(self._running, job, key=lambda j: j.request.slot)
             self._deliver(job)
 
     def _deliver(self, job: Job) -> None:
@@ -187,7 +194,7 @@ class Engine:
                 except Exception as e:  # a failed step must not hang its callers
                     log.exception("engine step failed")
                     for job in self._running:
-                        self._free.append(job.request.slot)
+                        heapq.heappush(self._free, job.request.slot)
                         job.on_done(None, f"engine error: {e}")
                     self._running.clear()
 
@@ -196,7 +203,7 @@ class Engine:
         for job in self._running:
             r = job.request
             if r.done:
-                self._free.append(r.slot)
+                heapq.heappush(self._free, r.slot)
                 stopped = bool(r.output) and not r.ignore_eos and r.output[-1] in r.eos_ids
                 job.on_done("stop" if stopped else "length", None)
             else:
