@@ -118,11 +118,11 @@ def windows(records, start, end, width):
     return [t / width for t in tokens]
 
 
-def decisions_settle(auto_log, fixed_log, shift, tolerance=0.05):
+def decisions_settle(auto_log, fixed_log, shift, tolerance=0.05, probe_len=2):
     """Seconds after the shift by which the auto gate decides as the fixed gate does, for good.
 
     Per interval between two polls of the gate counters (one per window), the share of decode steps that
-    speculated. Two servers of one engine that speculate on the same share of steps do the same work per
+    speculated by decision, probes left out (they are the price of following a shift, counted apart). Two servers of one engine that speculate on the same share of steps do the same work per
     step, so their throughput differs only by what the machine does meanwhile. On a shared 2-vCPU VM that
     drifts by ±10% over minutes, which is more than the 5% being resolved when servers run one after another.
     Returns the end of the first interval after the shift from which every interval's share is within
@@ -130,8 +130,8 @@ def decisions_settle(auto_log, fixed_log, shift, tolerance=0.05):
 
     def shares(log):
         pairs = zip(log, log[1:])
-        return [((b["t"] - shift), (b["steps_on"] - a["steps_on"]) / max(b["steps"] - a["steps"], 1))
-                for a, b in pairs if a["t"] >= shift]  # fmt: skip
+        return [((b["t"] - shift), max(b["steps_on"] - a["steps_on"] - probe_len * ((b.get("probes") or 0) - (a.get("probes") or 0)), 0)
+                 / max(b["steps"] - a["steps"], 1)) for a, b in pairs if a["t"] >= shift]  # fmt: skip
 
     auto, fixed = shares(auto_log), shares(fixed_log)
     n = min(len(auto), len(fixed))
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
               f"auto ÷ {best_two} after: {result['auto']['steady_two'] / result[best_two]['steady_two']:.3f}.",
               "Within 5% of " + best_two + " for good (two-window rolling mean) from "
               + (f"{(settle + 2) * a.window:g} s after the shift." if settle is not None else "no point in the run."),
-              f"Decides as {best_two} does (share of speculative decode steps within 0.05 of {best_two}'s in every "
+              f"Decides as {best_two} does (share of decode steps speculated by decision, probes apart, within 0.05 of {best_two}'s in every "
               "later window) from " + (f"{decided:.1f} s after the shift." if decided is not None else "no point in the run.")
               + " Per window after the shift, auto / " + best_two + ": "
               + ", ".join(f"{x:.2f}/{y:.2f}" for (_, x), (_, y) in zip(auto_shares, best_shares)) + ".",

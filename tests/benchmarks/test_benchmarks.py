@@ -208,3 +208,12 @@ def test_shift_decisions_settle_when_auto_speculates_on_the_fixed_gates_share_of
     # a late relapse moves the settling point past it
     assert shift.decisions_settle(log([90, 90, 60, 4, 30, 2]), log([90, 90, 2, 2, 2, 2]), 10.0)[0] == 20.0
     assert shift.decisions_settle(log([90, 90, 60, 30, 4, 30]), log([90, 90, 2, 2, 2, 2]), 10.0)[0] is None
+
+
+def test_shift_decisions_leave_probes_out():
+    shift = load("auto_shift")
+    # 100 steps per window; auto off after the shift at 5 s but probing 2 steps in each window
+    auto = [{"t": 5.0 * k, "steps_on": 2 * k, "steps": 100 * k, "probes": k} for k in range(5)]
+    fixed = [{"t": 5.0 * k, "steps_on": 0, "steps": 100 * k} for k in range(5)]
+    settled, shares, _ = shift.decisions_settle(auto, fixed, 5.0)
+    assert settled == 5.0 and [s for _, s in shares] == [0.0, 0.0, 0.0]

@@ -76,9 +76,9 @@ class Engine:
         self._running: list[Job] = []
         # Free slots as a min-heap, and the running batch kept in slot order: under a steady load the batch
         # then holds slots 0..B-1 in order, and the CPU KV cache attends to them in one call per layer. With
-        # slots in arrival order it attended row by row, a cost that differed by variant: at c = 8 on 2 vCPUs
-        # a gate-off step ran at half the time of a no-spec one, and at c = 4 the auto gate's plain steps took
-        # 1.15-1.25x a fixed gate's on the same machine at the same moment.
+        # slots in arrival order it attended row by row whenever they were out of order, a cost that differed
+        # by server: engines run side by side at c = 4 on 2 vCPUs, the auto gate's plain steps took 1.15-1.25x
+        # a fixed gate's.
         self._free = list(range(cfg.max_running))
         self._closed = threading.Event()
         self.verify_steps = 0
