@@ -94,16 +94,21 @@ def step_times(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def always_on_tau(summary: pd.DataFrame) -> float:
+    """Always-on's accept length over the sweep, each level weighted by the tokens it produced; nan without it."""
+    always = summary[summary.variant == "always"].dropna(subset=["accept_length"])
+    if always.empty:
+        return float("nan")
+    return float(np.average(always.accept_length.astype(float), weights=always.total_output_tokens))
+
+
 def fit(summary: pd.DataFrame) -> tuple[CostModel, pd.DataFrame]:
     steps = step_times(summary)
     plain = steps[steps.variant == "nospec"]
     spec = steps[steps.variant == "always"]
     if plain.empty or spec.empty:
         raise ValueError("the cost model needs the nospec and always variants in the sweep")
-    always = summary[summary.variant == "always"]
-    # τ weighted by the tokens each level produced
-    tau = float(np.average(always.accept_length.astype(float), weights=always.total_output_tokens))
-    model = CostModel(fit_line(plain.batch, plain.step_s), fit_line(spec.batch, spec.step_s), tau)
+    model = CostModel(fit_line(plain.batch, plain.step_s), fit_line(spec.batch, spec.step_s), always_on_tau(summary))
     return model, steps
 
 

@@ -326,9 +326,7 @@ def resumed_section(summary: pd.DataFrame) -> list[str]:
     while off shows here. Empty where no server counted such steps."""
     if "spec_verify_resumed" not in summary or not (summary.spec_verify_resumed.fillna(0) > 0).any():
         return []
-    always = summary[summary.variant == "always"].dropna(subset=["accept_length"])
-    tau = (float(np.average(always.accept_length.astype(float), weights=always.total_output_tokens))
-           if len(always) else math.nan)  # the cost model's τ  # fmt: skip
+    tau = cm.always_on_tau(summary)
     rows = []
     for v, g in summary[summary.spec_verify_resumed.fillna(0) > 0].groupby("variant", sort=False):
         n, k = g.spec_verify_resumed.sum(), g.spec_accepted_resumed.sum()
