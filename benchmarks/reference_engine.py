@@ -6,11 +6,13 @@
 Needs the workflow's outputs: a materialised target (results/target), an exported drafter
 (results/drafter) and evaluation chats (results/data/eval.jsonl).
 
-Closed loop in one process: for each variant an Engine is built, and at each concurrency c
+Closed loop in one process: an Engine per variant, all built first, and at each concurrency c
 exactly c requests are in flight (a finished one is replaced at once) until `--requests` have
 completed; every request asks for `--max-new` tokens and ignores EOS, so all variants decode the
-same number of tokens. Output tokens per second are counted over the whole level. The table
-gives each variant's rate and the always-on and gated rates ÷ no speculation.
+same number of tokens. The variants take turns: repeat r of a level runs on every engine back to
+back, so a machine whose speed drifts over minutes (a shared VM) slows them alike. Output tokens
+per second are counted over the whole level. The table gives each variant's rate and each rate
+÷ no speculation. `--auto` adds the auto gate.
 
 Below the table: the accept length the engine counted, whether the greedy outputs of every
 speculative variant equal no-spec's token for token in the checkpoint's dtype (on a CPU, bf16
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new", type=int, default=64, help="new tokens per request (default: %(default)s)")
     p.add_argument("--requests", type=int, default=16, help="requests per concurrency level, at least c (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=1, help="measurements per level (the min–max is the noise)")
+    p.add_argument("--auto", action="store_true", help="also the auto gate (no threshold)")
     p.add_argument("--no-fp32-check", action="store_true", help="skip the fp32 token-for-token check")
     p.add_argument("--device", default="cpu", help="cpu (what the reference engine is for) or cuda (default: %(default)s)")
     p.add_argument("--out", help="write the Markdown table here too")
@@ -138,32 +141,37 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(path).exists():
             sys.exit(f"error: no {what} at {path} (the workflow writes it there; or pass {flag})")
     from specgate.engine.reference import Engine, EngineConfig
-    from specgate.gate import GateConfig
+    from specgate.gate import AutoConfig, GateConfig
 
     concurrencies = args.concurrency
     variants = {"nospec": (None, GateConfig(None)), "always": (args.draft, GateConfig(None)),
                 f"gate_{args.threshold}": (args.draft, GateConfig(args.threshold))}  # fmt: skip
-    rates: dict[tuple[str, int], list[float]] = {}
-    outputs, accept = {}, {}
-    for name, (draft, gate) in variants.items():
-        engine = Engine(EngineConfig(args.target, draft, args.num_steps, gate, max_running=max(concurrencies), max_len=1024,
-                                     device=args.device))  # fmt: skip
-        dtype = str(engine.decoder.target.dtype).removeprefix("torch.")
-        prompts = eval_prompts(engine, args.eval, 32)
+    if args.auto:
+        variants["auto"] = (args.draft, AutoConfig())
+    engines = {name: Engine(EngineConfig(args.target, draft, args.num_steps, gate, max_running=max(concurrencies),
+                                         max_len=1024, device=args.device))
+               for name, (draft, gate) in variants.items()}  # fmt: skip
+    dtype = str(engines["nospec"].decoder.target.dtype).removeprefix("torch.")
+    prompts = eval_prompts(engines["nospec"], args.eval, 32)
+    for engine in engines.values():
         closed_loop(engine, prompts, 1, 2, 8)  # warm-up
-        for c in concurrencies:
-            for i in range(args.repeats):
+    rates: dict[tuple[str, int], list[float]] = {}
+    outputs = {}
+    for c in concurrencies:
+        for i in range(args.repeats):
+            for name, engine in engines.items():
                 tps, outs = closed_loop(engine, prompts, c, max(args.requests, c), args.max_new)
                 rates.setdefault((name, c), []).append(tps)
                 if i == 0:
                     outputs[(name, c)] = outs
                 print(f"{name} concurrency {c} repeat {i + 1}: {tps:.1f} tok/s", file=sys.stderr)
-        accept[name] = engine.stats()["avg_spec_accept_length"]
+    accept = {name: engine.stats()["avg_spec_accept_length"] for name, engine in engines.items()}
+    for engine in engines.values():
         engine.shutdown()
     lossless = all(outputs[(n, c)] == outputs[("nospec", c)] for n in variants for c in concurrencies)
 
     names = list(variants)
-    columns = ["concurrency"] + [f"{n} tok/s" for n in names] + ["always ÷ nospec", "gated ÷ nospec"]
+    columns = ["concurrency"] + [f"{n} tok/s" for n in names] + [f"{n} ÷ nospec" for n in names[1:]]
     accept_lengths = ", ".join(f"{n} {accept[n]:.3f}" if accept[n] is not None else f"{n} –" for n in names[1:])
     notes = [
         f"Accept length (engine counter): {accept_lengths}.",
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Target `{args.target}` in {dtype}, drafter `{args.draft}`, {args.num_steps} draft steps, greedy, {args.max_new} new "
         f"tokens per request (ignore_eos), closed loop, {args.requests} requests per level (at least the concurrency); "
-        f"gate off at {args.threshold} running requests.",
+        f"gate off at {args.threshold} running requests{'; and the auto gate' if args.auto else ''}; variants in turn at each repeat.",
         "",
         markdown_table(columns, table_rows(rates, names, concurrencies)),
         "",
