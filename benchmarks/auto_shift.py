@@ -122,16 +122,22 @@ def decisions_settle(auto_log, fixed_log, shift, tolerance=0.05, probe_len=2):
     """Seconds after the shift by which the auto gate decides as the fixed gate does, for good.
 
     Per interval between two polls of the gate counters (one per window), the share of decode steps that
-    speculated by decision, probes left out (they are the price of following a shift, counted apart). Two servers of one engine that speculate on the same share of steps do the same work per
-    step, so their throughput differs only by what the machine does meanwhile. On a shared 2-vCPU VM that
+    speculated by decision, probes left out (they are the price of following a shift, counted apart).
+    Two servers of one engine that speculate on the same share of steps do the same work per step, so
+    their throughput differs only by what the machine does meanwhile. On a shared 2-vCPU VM that
     drifts by ±10% over minutes, which is more than the 5% being resolved when servers run one after another.
     Returns the end of the first interval after the shift from which every interval's share is within
     `tolerance` of the fixed gate's in the interval at the same offset from the shift; None if none."""
 
     def shares(log):
-        pairs = zip(log, log[1:])
-        return [((b["t"] - shift), max(b["steps_on"] - a["steps_on"] - probe_len * ((b.get("probes") or 0) - (a.get("probes") or 0)), 0)
-                 / max(b["steps"] - a["steps"], 1)) for a, b in pairs if a["t"] >= shift]  # fmt: skip
+        out = []
+        for a, b in zip(log, log[1:]):
+            if a["t"] < shift:
+                continue
+            probe_steps = probe_len * ((b.get("probes") or 0) - (a.get("probes") or 0))
+            decided_on = max(b["steps_on"] - a["steps_on"] - probe_steps, 0)
+            out.append((b["t"] - shift, decided_on / max(b["steps"] - a["steps"], 1)))
+        return out
 
     auto, fixed = shares(auto_log), shares(fixed_log)
     n = min(len(auto), len(fixed))
