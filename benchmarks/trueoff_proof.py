@@ -63,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--requests", type=int, default=10000, help="soak requests")
     p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--mem-fraction", type=float, default=0.5,
+                   help="--mem-fraction-static; lower it to share the GPU with a server started later")
     p.add_argument("--variants", default="nospec,always,gated")
     p.add_argument("--no-deterministic", dest="deterministic", action="store_false",
                    help="servers without --enable-deterministic-inference: finished requests enter the radix cache")
@@ -93,7 +95,7 @@ def command(variant: str, a, port: int, draft: Path, stats: Path) -> tuple[list[
     cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
            "--model-path", a.target, "--attention-backend", a.backend, "--grammar-backend", "none",
            "--sampling-backend", "pytorch",  # flashinfer's sampler JIT-compiles on the first sampled request
-           "--mem-fraction-static", "0.5",
+           "--mem-fraction-static", str(a.mem_fraction),
            "--max-running-requests", str(a.max_running), "--cuda-graph-max-bs", str(a.max_running),
            "--disable-prefill-cuda-graph"]  # fmt: skip
     if a.deterministic:

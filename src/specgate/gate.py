@@ -74,8 +74,12 @@ class Gate:
     def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
         """A fixed threshold needs no measurements (the auto gate's interface)."""
 
-    def observe_time(self, running: int, speculated: bool, seconds: float) -> None:
+    def observe_time(self, running: int, speculated: bool, seconds: float, probe: bool | None = None) -> None:
         """As observe."""
+
+    @property
+    def probing(self) -> bool:
+        return False
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
         """As observe."""
@@ -230,9 +234,14 @@ class AutoGate:
             self.steps_off += 1
         return side
 
-    def _alpha(self) -> float:
-        """EMA weight of the step just decided: a probe step counts more (there are few of them)."""
-        return self.config.probe_alpha if self._last_probe else self.config.alpha
+    @property
+    def probing(self) -> bool:
+        """Whether the step just decided is a probe of the side the gate is not on."""
+        return self._last_probe
+
+    def _alpha(self, probe: bool | None = None) -> float:
+        """EMA weight of a step: a probe step counts more (there are few of them)."""
+        return self.config.probe_alpha if (self._last_probe if probe is None else probe) else self.config.alpha
 
     def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
         """The engine's measurement of the step just decided: its wall time and the tokens it produced."""
@@ -240,14 +249,16 @@ class AutoGate:
         if speculated:
             self.observe_tokens(running, tokens)
 
-    def observe_time(self, running: int, speculated: bool, seconds: float) -> None:
-        """A step's wall time alone (an engine that learns the accepted tokens later calls observe_tokens then)."""
+    def observe_time(self, running: int, speculated: bool, seconds: float, probe: bool | None = None) -> None:
+        """A step's time alone (an engine that learns the accepted tokens later calls observe_tokens then).
+        probe: whether that step was a probe, for an engine that reports a step after deciding later ones
+        (default: the step just decided)."""
         changed = self._last_side is not None and speculated != self._last_side
         self._last_side = speculated
         if changed or running < 1 or seconds <= 0:
             return  # the first step on a side carries the catch-up (or the switch): not typical
         side = self._est(running)["spec" if speculated else "plain"]
-        side.add(running, seconds, self._alpha())
+        side.add(running, seconds, self._alpha(probe))
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
         """The tokens a speculative step gave `requests` requests: each request is one sample of tau."""

@@ -66,6 +66,7 @@ import torch
 from specgate.gate import RESUMED_STEPS, make_gate
 from specgate.sglang.aux_buffers import AuxBuffers, upload
 from specgate.sglang.logs import log, say
+from specgate.sglang.step_timer import StepTimer
 
 SUPPORTED_VERSION = "0.5.15"
 WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
@@ -357,7 +358,7 @@ class TrueOffGate:
     def init_state(self, settings: dict, pool: int, aux_dim: int, dtype, device, rank: int = 0) -> None:
         """Everything but the SGLang objects: the gate, the buffers, the host mirror, the counters."""
         self.gate = make_gate(settings)  # a fixed threshold, or the auto gate (settings["auto"])
-        self.last_step = None  # (running, speculated, start time) of the previous decode step
+        self.timer = StepTimer(device)  # decode step times, for the auto gate
         self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, dtype, device,
                                   rows=int(settings.get("buffer_rows", 64)))  # fmt: skip
         self.ones = torch.ones(pool, dtype=torch.int32, device=device)
@@ -431,7 +432,6 @@ class TrueOffGate:
     def forward(self, original, batch, on_publish):
         worker = self.worker
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-            self.last_step = None  # a prefill between two decode steps: their interval is no step time
             out = original(worker, batch, on_publish)
             slots_cpu = _slots_cpu(batch)
             if slots_cpu.size:  # new requests: the prefill built their draft KV
@@ -439,28 +439,32 @@ class TrueOffGate:
                 self._mirror(slots_cpu, batch.seq_lens_cpu, 0)  # spec v2: length before the first decode token
             return out
         if batch.forward_mode.is_idle() or not batch.reqs:
-            self.last_step = None
             return original(worker, batch, on_publish)
+        # the auto gate's step times: steps timed on the device, fed in once they have completed (the
+        # tokens of a speculative step arrive in count_accepted)
+        for running, speculated, probe, seconds in self.timer.finished():
+            self.gate.observe_time(running, speculated, seconds, probe=probe)
         before = self.gate.switches
         on = self.gate.decide(len(batch.reqs))
-        # step time for the auto gate: the interval between consecutive decode launches, which the GPU paces
-        # once the scheduler runs ahead (overlap); the previous step's tokens arrive in count_accepted
-        now = time.perf_counter()
-        if self.last_step is not None:
-            self.gate.observe_time(self.last_step[0], self.last_step[1], now - self.last_step[2])
-        self.last_step = (len(batch.reqs), on, now)
         plain_ok = _has_bonus(batch)  # False only before a request's first draft state exists
         if self.gate.switches != before or (self.gate.steps_on + self.gate.steps_off) % LOG_EVERY == 0:
             log.info("specgate gate %s at batch %d: %s", "on" if on else "off", len(batch.reqs), json.dumps(self.counters()))
             self.write_stats()
+        speculate = on or not plain_ok
+        self.timer.begin(len(batch.reqs), speculate, self.gate.probing)
+        out = self.decode_step(original, batch, on_publish, speculate)
+        self.timer.end()
+        return out
+
+    def decode_step(self, original, batch, on_publish, speculate: bool):
         slots_cpu = _slots_cpu(batch)
-        if on or not plain_ok:
+        if speculate:
             if self.buffers.pending(slots_cpu):
                 self.catch_up(batch, slots_cpu, full_only=False)
                 self.since_catchup = 0
             self.original_steps += 1
             self.len_ok[slots_cpu] = False  # the accept lengths reach the host only later
-            out = original(worker, batch, on_publish)
+            out = original(self.worker, batch, on_publish)
             out._specgate_resumed = self.since_catchup < RESUMED_STEPS  # read back when the result is processed
             self.since_catchup += 1
             return out

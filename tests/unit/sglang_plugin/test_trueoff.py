@@ -219,24 +219,38 @@ def test_a_released_slot_starts_clean_and_a_finishing_request_keeps_only_extende
     assert gate.buffers.n_cpu[[1, 3, 4]].tolist() == [2, 2, 2]
 
 
-def test_the_auto_gate_in_sglang_times_decode_launches_and_counts_accepted_tokens(monkeypatch):
+def test_the_auto_gate_in_sglang_times_each_decode_step_alone_and_counts_accepted_tokens(monkeypatch):
+    """A speculative step takes 30 ms and a plain one 10 ms, with a second between steps (the host, a
+    prefill): the gate's estimates are the steps' own times, whatever ran between them."""
     from specgate.gate import AutoGate
+
+    now = [0.0]
+    monkeypatch.setattr("specgate.sglang.step_timer.time.perf_counter", lambda: now[0])
+
+    def timed(kind, seconds):
+        def step(*args):
+            now[0] += seconds
+            return SimpleNamespace(kind=kind)
+        return step
 
     g = TrueOffGate.__new__(TrueOffGate)
     g.init_state({"auto": {"warmup_steps": 1, "min_dwell_steps": 0}}, pool=8, aux_dim=2, dtype=torch.float32, device="cpu")
-    g.worker, g.plain_step = "worker", lambda batch, slots, on_publish: SimpleNamespace(kind="plain")
-    g.catch_up = lambda *a, **k: None
+    g.worker, g.plain_step, g.catch_up = "worker", timed("plain", 0.010), lambda *a, **k: None
     assert isinstance(g.gate, AutoGate)
-    clock = iter([0.0, 0.010, 0.030, 0.050])
-    monkeypatch.setattr("specgate.sglang.trueoff.time.perf_counter", lambda: next(clock))
-    g.forward(original, make_batch([1, 2, 3, 4], [10] * 4, extend=True), None)
+    speculative = timed("original", 0.030)
+    g.forward(speculative, make_batch([1, 2, 3, 4], [10] * 4, extend=True), None)
     sides = []
-    for _ in range(3):
-        out = g.forward(original, make_batch([1, 2, 3, 4], [10] * 4), None)
+    for _ in range(5):
+        now[0] += 1.0
+        out = g.forward(speculative, make_batch([1, 2, 3, 4], [10] * 4), None)
         sides.append(out.kind)
         if out.kind == "original":  # the accepted tokens reach the gate when the result is processed
             g.count_accepted(SimpleNamespace(speculative_num_draft_tokens=4, num_correct_drafts=8, _specgate_resumed=False),
                              SimpleNamespace(reqs=[1, 2, 3, 4]))  # fmt: skip
+    # warm-up: a speculative step, then plain ones (the first plain one after the switch is not measured)
+    assert sides[:3] == ["original", "plain", "plain"]
     assert g.gate.tau == 3.0  # (8 correct + 4 bonus) / 4 requests
-    est = g.gate.estimates[2]  # the 4-7 bucket: the intervals between launches became step times
-    assert est["spec"].n + est["plain"].n >= 1
+    est = g.gate.estimates[2]  # the 4-7 bucket
+    assert est["spec"].seconds(4) == pytest.approx(0.030)
+    assert est["plain"].seconds(4) == pytest.approx(0.010)
+    assert g.gate.gain(4) == pytest.approx(1.0)  # 3 tokens per 30 ms against 1 per 10 ms
