@@ -105,10 +105,14 @@ class Gate:
 #   off -> on   when the gain in the current bucket is >= 1 + margin
 #   on  -> off  when it is < 1 - margin                  (the margin and a dwell keep it from flapping)
 #
-# A side with no estimate in a bucket yet is tried for a few steps (the warm-up); seeds from the
-# sweep's cost model replace that. Every probe_every steps the gate takes probe_len steps of the side
-# it is not on, so the estimate it is not using follows a change of workload; the first step after any
-# change of side is not measured (it carries the draft's catch-up). Step times come from the engine.
+# A bucket the gate has not measured on a side is predicted from a line through the buckets it has
+# (step time is close to fixed + per-request x batch). Where that prediction is within warm_band of 1,
+# or cannot be made yet, the gate tries the side for a few steps instead (the warm-up); far from 1 it
+# trusts the prediction, so a burst to a new large batch costs no speculative steps. Seeds from the
+# sweep's cost model replace all of that. At most every probe_every steps, and only while the
+# throughput probes lose stays within probe_budget of the time, the gate takes probe_len steps of the
+# side it is not on, so the estimate it is not using follows a change of workload; the first step after
+# any change of side is not measured (it carries the draft's catch-up). Step times come from the engine.
 
 
 def bucket(running: int) -> int:
@@ -122,8 +126,10 @@ def bucket_middle(b: int) -> int:
 @dataclass
 class AutoConfig:
     margin: float = 0.03
-    probe_every: int = 200  # steps between probes of the other side: ~1% of steps at probe_len 2
+    probe_every: int = 200  # the fewest steps between probes of the other side
     probe_len: int = 2
+    probe_budget: float = 0.01  # the share of time whose throughput probes may lose
+    warm_band: float = 0.2  # a predicted gain within this of 1 is measured (warm-up) rather than trusted
     alpha: float = 0.05  # EMA weight of a step on the side in use
     probe_alpha: float = 0.25  # and of a probe step: few of them, so each counts more
     warmup_steps: int = 3  # measured steps per side and bucket before the estimate is trusted
@@ -138,6 +144,9 @@ class AutoConfig:
                 raise ValueError(f"auto gate {key} must be >= 1, got {getattr(self, key)}")
         if self.probe_len >= self.probe_every:
             raise ValueError("auto gate probe_len must be below probe_every")
+        for key in ("probe_budget", "warm_band"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"auto gate {key} must be in [0, 1), got {getattr(self, key)}")
         for key in ("alpha", "probe_alpha"):
             if not 0 < getattr(self, key) <= 1:
                 raise ValueError(f"auto gate {key} must be in (0, 1], got {getattr(self, key)}")
@@ -181,6 +190,7 @@ class AutoGate:
     _dwell: int = field(default=0, repr=False)
     _probing: int = field(default=0, repr=False)  # probe steps left
     _since_probe: int = field(default=0, repr=False)
+    _budget: dict = field(default_factory=dict, repr=False)  # bucket -> seconds its probes may still lose
     _last_side: bool | None = field(default=None, repr=False)
     _last_probe: bool = field(default=False, repr=False)
 
@@ -195,14 +205,46 @@ class AutoGate:
     def _est(self, running: int) -> dict:
         return self.estimates.setdefault(bucket(running), {"plain": _Side(), "spec": _Side()})
 
-    def gain(self, running: int) -> float | None:
-        """Speculative tokens/s over plain tokens/s in this batch's bucket; None until both sides are known."""
-        e = self._est(running)
-        p, s = e["plain"], e["spec"]
-        if min(p.n, s.n) < self.config.warmup_steps or self.tau is None:
+    def _line(self, side: str) -> tuple[float, float] | None:
+        """Step time a + c * batch through the measured buckets of one side (each bucket's weighted mean,
+        weighted by 1/t^2 so each fits to the same relative error); None under two buckets."""
+        pts = [(x.sb / x.w, x.st / x.w) for e in self.estimates.values()
+               if (x := e[side]).n >= self.config.warmup_steps and x.w > 0]  # fmt: skip
+        if len(pts) < 2:
             return None
-        spec_s = s.seconds(running)
-        return self.tau * p.seconds(running) / spec_s if spec_s > 0 else None
+        w = [1 / t**2 for _, t in pts]
+        sw = sum(w)
+        mb = sum(wi * b for wi, (b, _) in zip(w, pts)) / sw
+        mt = sum(wi * t for wi, (_, t) in zip(w, pts)) / sw
+        var = sum(wi * (b - mb) ** 2 for wi, (b, _) in zip(w, pts)) / sw
+        if var <= 0:
+            return None
+        slope = max(sum(wi * (b - mb) * (t - mt) for wi, (b, t) in zip(w, pts)) / sw / var, 0.0)
+        return mt - slope * mb, slope
+
+    def seconds(self, running: int, side: str) -> float | None:
+        """A step's time on one side ("plain" or "spec") at this batch: measured in its bucket, or predicted."""
+        x = self._est(running)[side]
+        if x.n >= self.config.warmup_steps:
+            return x.seconds(running)
+        line = self._line(side)
+        return None if line is None else line[0] + line[1] * running
+
+    def gain(self, running: int) -> float | None:
+        """Speculative tokens/s over plain tokens/s at this batch, measured in its bucket or predicted from the
+        others; None until it can be either."""
+        p, s = self.seconds(running, "plain"), self.seconds(running, "spec")
+        if p is None or s is None or s <= 0 or self.tau is None:
+            return None
+        return self.tau * p / s
+
+    def _probe_loss(self, running: int) -> float | None:
+        """Seconds of throughput lost by probe_len steps of the side the gate is not on, at this batch."""
+        p, s = self.seconds(running, "plain"), self.seconds(running, "spec")
+        if p is None or s is None or self.tau is None:
+            return None
+        per_step = p - s / self.tau if self.on else s - self.tau * p  # tokens made the other way, time lost
+        return self.config.probe_len * max(per_step, 0.0)
 
     def decide(self, running: int) -> bool:
         cfg, e = self.config, self._est(running)
@@ -210,7 +252,8 @@ class AutoGate:
         self._since_probe += 1
         side = self.on
         g = self.gain(running)
-        if g is None:  # warm-up: measure the side this bucket lacks
+        measured = min(e["plain"].n, e["spec"].n) >= cfg.warmup_steps
+        if g is None or not measured and abs(g - 1) < cfg.warm_band:  # warm-up: measure the side this bucket lacks
             side = e["plain"].n >= e["spec"].n
             self._last_probe = False
         elif self._probing:
@@ -219,12 +262,18 @@ class AutoGate:
             self._last_probe = True
         else:
             self._last_probe = False
-            if self._dwell > cfg.min_dwell_steps:
+            # the dwell stops flapping near the crossover; a gain far from 1 (a burst) switches at once
+            if self._dwell > cfg.min_dwell_steps or abs(g - 1) >= cfg.warm_band:
                 if self.on and g < 1 - cfg.margin or not self.on and g >= 1 + cfg.margin:
                     self.on = side = not self.on
                     self.switches += 1
                     self._dwell = 0
-            if self._since_probe >= cfg.probe_every:  # next steps: the other side, briefly
+            # each bucket's probes are paid for by its own steps, so they cost <= probe_budget of its time
+            b, t = bucket(running), self.seconds(running, "spec" if self.on else "plain")
+            self._budget[b] = self._budget.get(b, 0.0) + cfg.probe_budget * (t or 0.0)
+            loss = self._probe_loss(running) or 0.0
+            if self._since_probe >= cfg.probe_every and loss <= self._budget[b]:  # next: the other side
+                self._budget[b] -= loss
                 self._since_probe = 0
                 self._probing = cfg.probe_len
                 self.probes += 1

@@ -59,6 +59,43 @@ def test_probes_are_about_one_percent_of_steps_and_off_steps_follow_the_estimate
     assert c["steps_on"] / 6000 < 0.02  # warm-up and probes only
 
 
+def test_a_burst_far_above_the_crossover_is_predicted_and_switched_off_at_once():
+    """Measured at batches 1-15 only, then a burst to 120 (tau 1.5: crossover 2, true gain 0.52 at 120):
+    the line through the measured buckets predicts a gain far below 1 there, so the gate neither warms up
+    the speculative side at 120 nor waits out its dwell; speculating, it stops on the burst's first step."""
+    rng = random.Random(3)
+    gate = AutoGate(AutoConfig(probe_every=100))
+    drive(gate, 2000, tau=1.5, rng=rng, load=lambda i: triangle(i, top=15, period=100))
+    assert gate.on and 6 not in gate.estimates and gate.gain(120) < 0.8
+    before = gate.steps_on
+    sides = []
+    for _ in range(300):
+        spec = gate.decide(120)
+        sides.append(spec)
+        a, per = SPEC if spec else PLAIN
+        gate.observe(120, spec, a + per * 120, 180 if spec else 120)
+    assert sides[0] is False and gate.steps_on - before <= 2 * gate.config.probe_len  # probes at most
+
+
+def test_probes_lose_at_most_their_budget_of_the_time_where_speculation_costs_most():
+    """At batch 100 (tau 1.5) a speculative step costs 2.8x a plain one and makes 1.5x the tokens: each
+    probe step loses 0.147 s against a plain step's 0.11 s, so one probe every 50 steps would lose 5% of
+    the time. Probes there are paid for by that bucket's own steps."""
+    rng = random.Random(4)
+    gate = AutoGate(AutoConfig(probe_every=50, probe_budget=0.01))
+    drive(gate, 3000, tau=1.5, rng=rng, load=lambda i: triangle(i, top=15, period=100))  # cheap buckets first
+    lost = total = 0.0
+    for _ in range(20_000):
+        spec = gate.decide(100)
+        a, per = SPEC if spec else PLAIN
+        t = a + per * 100
+        gate.observe(100, spec, t, 150 if spec else 100)
+        total += t
+        lost += t - 1.5 * (PLAIN[0] + PLAIN[1] * 100) if spec else 0.0
+    assert gate.probes >= 5  # the spec side is still re-measured
+    assert lost / total <= 0.011
+
+
 def test_hysteresis_and_dwell_stop_flapping_at_the_crossover():
     rng = random.Random(2)
     gate = AutoGate(AutoConfig(probe_every=10_000))
@@ -79,7 +116,8 @@ def test_seeds_replace_the_warm_up_and_bad_settings_name_the_key():
     assert gate.decide(1) and gate.steps_on == 1
     assert isinstance(make_gate({"disable_at": 4}), Gate)
     for bad, key in [({"margin": 1.5}, "margin"), ({"probe_every": 0}, "probe_every"), ({"alpha": 0}, "alpha"),
-                     ({"probe_len": 5, "probe_every": 5}, "probe_len")]:  # fmt: skip
+                     ({"probe_len": 5, "probe_every": 5}, "probe_len"), ({"probe_budget": 1.0}, "probe_budget"),
+                     ({"warm_band": -0.1}, "warm_band")]:  # fmt: skip
         with pytest.raises(ValueError, match=key):
             AutoConfig(**bad)
     assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 64)] == [0, 1, 1, 2, 2, 3, 6]
