@@ -84,6 +84,9 @@ def _semantic_checks(config: dict) -> list[str]:
             errors.append(f"config key 'bench.hysteresis[{i}]': enable_at {enable_at} must be below disable_at {disable_at}")
     if bench["steps0_thresholds"] and config["serve"]["engine"] != "sglang":
         errors.append("config key 'bench.steps0_thresholds': SGLang's 0-step path exists only with serve.engine sglang")
+    if bench["auto"] and config["serve"]["engine"] == "sglang" and config["serve"]["tp"] > 1:
+        errors.append("config key 'bench.auto': the auto gate needs serve.tp 1 (each tensor-parallel rank would "
+                      "time its own steps and decide alone)")
     if bench["concurrency"] != sorted(set(bench["concurrency"])):
         errors.append("config key 'bench.concurrency': levels must be distinct and increasing")
     if max(bench["concurrency"]) > config["serve"]["max_running"]:

@@ -12,7 +12,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe",
-           "reproducibility", "auto_shift", "trueoff_proof"]
+           "reproducibility", "auto_shift", "trueoff_proof", "auto_gate_model"]
 TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
 
@@ -217,3 +217,15 @@ def test_shift_decisions_leave_probes_out():
     fixed = [{"t": 5.0 * k, "steps_on": 0, "steps": 100 * k} for k in range(5)]
     settled, shares, _ = shift.decisions_settle(auto, fixed, 5.0)
     assert settled == 5.0 and [s for _, s in shares] == [0.0, 0.0, 0.0]
+
+
+def test_the_auto_gate_model_chains_acceptance_to_tau_and_ranks_the_envelopes(capsys):
+    model = load("auto_gate_model")
+    q = model.chain_probability(1.83, 3)
+    assert 1 + q + q * q + q**3 == pytest.approx(1.83, abs=1e-6)
+    assert model.main(["--seeds", "1", "--concurrency", "1", "16", "--thresholds", "4", "--max-tokens", "32"]) == 0
+    rows = dict(line.strip("|").split("|")[:2] for line in capsys.readouterr().out.splitlines()
+                if line.startswith("| ") and "variant" not in line)  # fmt: skip
+    env = {v.strip(): float(x.split()[0]) for v, x in rows.items()}
+    # always-on wins at c = 1 and loses at 16 under the 8B-cost fit: a gate at 4 beats both ends
+    assert env["gate_4"] > max(env["nospec"], env["always"]) and env["always"] < 0.7

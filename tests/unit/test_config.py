@@ -40,6 +40,8 @@ def test_every_example_config_is_valid(tmp_path):
         (lambda c: c["data"]["sources"][0].update(path="/no/such/file.json"), "config key 'data.sources[0].path': path does not exist"),
         (lambda c: c["target"].update(source="hf_dir"), "config key 'target.path': required when target.source is hf_dir"),
         (lambda c: c["vocab"].update(draft_vocab_size=0), "config key 'vocab.draft_vocab_size': 0 is less than the minimum"),
+        (lambda c: (c["serve"].update(engine="sglang", tp=2), c["bench"].update(auto=True)),
+         "config key 'bench.auto': the auto gate needs serve.tp 1"),
     ],
 )
 def test_errors_name_the_key(default, edit, message):

@@ -677,9 +677,10 @@ def _has_bonus(batch) -> bool:
     return spec is not None and getattr(spec, "bonus_tokens", None) is not None and getattr(spec, "topk_p", None) is not None
 
 
-def unsupported(worker) -> str | None:
+def unsupported(worker, settings: dict | None = None) -> str | None:
     """Server settings and targets the off path does not handle; None if all is well."""
     sa = worker.server_args
+    auto = (settings or {}).get("auto") is not None
     mr = worker.target_worker.model_runner
     checks = [
         (getattr(sa, "disaggregation_mode", "null") != "null", "PD disaggregation (decode slots arrive without a prefill)"),
@@ -701,6 +702,8 @@ def unsupported(worker) -> str | None:
         (getattr(sa, "speculative_use_rejection_sampling", False), "rejection sampling"),
         (getattr(sa, "enable_pdmux", False), "PD multiplexing"),
         (not worker.speculative_algorithm.is_eagle3(), "an algorithm other than EAGLE3"),
+        # every rank must take the same path each step; the auto gate decides from the rank's own timings
+        (auto and getattr(sa, "tp_size", 1) > 1, "the auto gate with tensor parallelism (each rank would decide alone)"),
     ]
     return next((why for bad, why in checks if bad), None)
 
@@ -711,7 +714,7 @@ def make_hooks(settings: dict):
     def init_cuda_graphs(original, self, *args, **kwargs):
         global _ACTIVE
         result = original(self, *args, **kwargs)
-        why = unsupported(self)
+        why = unsupported(self, settings)
         if why:
             _say(f"specgate true-off gate refused: {why}; SGLang runs unchanged (always speculating)")
             return result

@@ -147,6 +147,9 @@ def test_unsupported_settings_and_targets_are_named():
         setattr(obj, key, value)
         assert why in unsupported(worker)
         setattr(obj, key, before if before is not None or key != "disaggregation_mode" else "null")
+    worker.server_args.tp_size = 2  # a fixed threshold is the same on every rank; the auto gate's timings are not
+    assert unsupported(worker, {"disable_at": 4}) is None
+    assert "auto gate with tensor parallelism" in unsupported(worker, {"auto": {}})
 
 
 def test_server_info_carries_the_counters_and_the_client_takes_level_deltas(gate, monkeypatch):

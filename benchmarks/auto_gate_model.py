@@ -1,0 +1,121 @@
+"""The auto gate against a cost model, in the sweep's closed loop, without an engine.
+
+A model check, not a measurement: every decode step costs what the cost model says (fixed + per-request
+x batch, times a uniform noise), a speculative step gives each request 1 + accepted drafts tokens
+(accepted in a chain with the probability that makes the mean tau), and each admission of new requests
+costs one prefill. The levels run as the sweep runs them: c = 1, 2, 4, ... in order on one gate, each
+with max(min_requests, requests_per_concurrency x c) requests of max_tokens, after a warm-up level.
+It prints each variant's envelope efficiency and the auto gate's ratio to the best fixed threshold,
+over several seeds. Use it to see what the policy's warm-up, dwell and probes cost at a deployment's
+step costs and level lengths before spending GPU time.
+
+    python benchmarks/auto_gate_model.py            # the 8B-cost H200 deployment's fit (h200-8bcost.md)
+    python benchmarks/auto_gate_model.py --plain 22 9.5 --spec 26 13.6 --tau 1.37 --thresholds 2 4 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from pathlib import Path
+
+from specgate.gate import AutoConfig, AutoGate, Gate, GateConfig
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--plain", type=float, nargs=2, default=(4.75, 0.070), metavar=("FIXED_MS", "PER_REQUEST_MS"))
+    p.add_argument("--spec", type=float, nargs=2, default=(7.07, 0.407), metavar=("FIXED_MS", "PER_REQUEST_MS"))
+    p.add_argument("--tau", type=float, default=1.83, help="tokens per request per speculative step")
+    p.add_argument("--num-steps", type=int, default=3, help="draft tokens per speculative step")
+    p.add_argument("--prefill-ms", type=float, default=8.0, help="cost of one admission of new requests")
+    p.add_argument("--noise", type=float, default=0.03, help="step times vary uniformly by this share")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--thresholds", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--min-requests", type=int, default=16)
+    p.add_argument("--requests-per-concurrency", type=int, default=2)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--out", help="also write the table to this markdown file")
+    return p.parse_args(argv)
+
+
+def chain_probability(tau: float, k: int) -> float:
+    """q such that 1 + q + q^2 + ... + q^k = tau: each draft accepted while the ones before it were."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        q = (lo + hi) / 2
+        lo, hi = (q, hi) if sum(q**i for i in range(k + 1)) < tau else (lo, q)
+    return (lo + hi) / 2
+
+
+class Always:
+    def decide(self, running: int) -> bool:
+        return True
+
+    def observe(self, *args) -> None:
+        pass
+
+
+def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random) -> float:
+    """One closed-loop level; output tokens per second."""
+    total, sent, active, seconds, tokens = max(a.min_requests, a.requests_per_concurrency * c), 0, [], 0.0, 0
+    while True:
+        admitted = 0
+        while len(active) < c and sent < total:
+            active.append(a.max_tokens)
+            sent, admitted = sent + 1, admitted + 1
+        seconds += a.prefill_ms / 1000 if admitted else 0.0
+        if not active:
+            return tokens / seconds
+        b = len(active)
+        spec = gate.decide(b) if gate else False
+        fixed, per = a.spec if spec else a.plain
+        step = (fixed + per * b) / 1000 * rng.uniform(1 - a.noise, 1 + a.noise)
+        made = 0
+        for i in range(b):
+            n = 1
+            while spec and n <= a.num_steps and rng.random() < q:
+                n += 1
+            n = min(n, active[i])
+            active[i] -= n
+            made += n
+        seconds, tokens = seconds + step, tokens + made
+        if gate:
+            gate.observe(b, spec, step, made)
+        active = [r for r in active if r > 0]
+
+
+def sweep(make, a, q, seed) -> dict[int, float]:
+    rng, gate = random.Random(seed), make()
+    if gate:
+        level(gate, 4, a, q, rng)  # the sweep's warm-up requests
+    return {c: level(gate, c, a, q, rng) for c in a.concurrency}
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    q = chain_probability(a.tau, a.num_steps)
+    variants = {"nospec": lambda: None, "always": Always, "auto": lambda: AutoGate(AutoConfig())}
+    variants |= {f"gate_{t}": (lambda t=t: Gate(GateConfig(t))) for t in a.thresholds}
+    envelopes = {v: [] for v in variants}
+    ratios = []
+    for seed in range(a.seeds):
+        tps = {v: sweep(make, a, q, seed) for v, make in variants.items()}
+        env = {v: min(tps[v][c] / max(tps["nospec"][c], tps["always"][c]) for c in a.concurrency) for v in tps}
+        for v in env:
+            envelopes[v].append(env[v])
+        ratios.append(env["auto"] / max(env[f"gate_{t}"] for t in a.thresholds))
+    lines = [f"plain {a.plain[0]} + {a.plain[1]} ms/request, speculative {a.spec[0]} + {a.spec[1]} ms/request, "
+             f"tau {a.tau}, {a.seeds} seeds", "", "| variant | envelope efficiency, median (min-max) |", "|---|---|"]
+    lines += [f"| {v} | {statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f}) |" for v, xs in envelopes.items()]
+    lines += ["", f"auto / best fixed threshold: {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"]
+    print("\n".join(lines))
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
