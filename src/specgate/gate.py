@@ -233,17 +233,16 @@ class AutoGate:
     def gain(self, running: int) -> float | None:
         """Speculative tokens/s over plain tokens/s at this batch, measured in its bucket or predicted from the
         others; None until it can be either."""
-        p, s = self.seconds(running, "plain"), self.seconds(running, "spec")
-        if p is None or s is None or s <= 0 or self.tau is None:
-            return None
-        return self.tau * p / s
+        return self._gain(self.seconds(running, "plain"), self.seconds(running, "spec"))
 
-    def _probe_loss(self, running: int) -> float | None:
-        """Seconds of throughput lost by probe_len steps of the side the gate is not on, at this batch."""
-        p, s = self.seconds(running, "plain"), self.seconds(running, "spec")
-        if p is None or s is None or self.tau is None:
+    def _gain(self, plain_s: float | None, spec_s: float | None) -> float | None:
+        if plain_s is None or spec_s is None or spec_s <= 0 or self.tau is None:
             return None
-        per_step = p - s / self.tau if self.on else s - self.tau * p  # tokens made the other way, time lost
+        return self.tau * plain_s / spec_s
+
+    def _probe_loss(self, plain_s: float, spec_s: float) -> float:
+        """Seconds of throughput lost by probe_len steps of the side the gate is not on (tau known)."""
+        per_step = plain_s - spec_s / self.tau if self.on else spec_s - self.tau * plain_s  # the tokens, made the other way
         return self.config.probe_len * max(per_step, 0.0)
 
     def decide(self, running: int) -> bool:
@@ -251,7 +250,8 @@ class AutoGate:
         self._dwell += 1
         self._since_probe += 1
         side = self.on
-        g = self.gain(running)
+        plain_s, spec_s = self.seconds(running, "plain"), self.seconds(running, "spec")  # once per step
+        g = self._gain(plain_s, spec_s)
         measured = min(e["plain"].n, e["spec"].n) >= cfg.warmup_steps
         if g is None or not measured and abs(g - 1) < cfg.warm_band:  # warm-up: measure the side this bucket lacks
             side = e["plain"].n >= e["spec"].n
@@ -269,9 +269,9 @@ class AutoGate:
                     self.switches += 1
                     self._dwell = 0
             # each bucket's probes are paid for by its own steps, so they cost <= probe_budget of its time
-            b, t = bucket(running), self.seconds(running, "spec" if self.on else "plain")
-            self._budget[b] = self._budget.get(b, 0.0) + cfg.probe_budget * (t or 0.0)
-            loss = self._probe_loss(running) or 0.0
+            b = bucket(running)  # g is known here, so are both step times
+            self._budget[b] = self._budget.get(b, 0.0) + cfg.probe_budget * (spec_s if self.on else plain_s)
+            loss = self._probe_loss(plain_s, spec_s)
             if self._since_probe >= cfg.probe_every and loss <= self._budget[b]:  # next: the other side
                 self._budget[b] -= loss
                 self._since_probe = 0
