@@ -35,6 +35,7 @@ def test_a_stream_that_never_completes_keeps_a_bounded_backlog(monkeypatch):
 def test_cuda_events_time_the_step_without_a_host_sync():
     timer = StepTimer("cuda")
     a = torch.randn(4096, 4096, device="cuda")
+    a = a @ a / 64  # the first matmul also sets up cuBLAS (~0.1 s); the timed ones must not
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
