@@ -11,6 +11,7 @@ step costs and level lengths before spending GPU time.
 
     python benchmarks/auto_gate_model.py            # the 8B-cost H200 deployment's fit (h200-8bcost.md)
     python benchmarks/auto_gate_model.py --plain 22 9.5 --spec 26 13.6 --tau 1.37 --thresholds 2 4 8
+    python benchmarks/auto_gate_model.py --admit-delay 2 --catchup-ms 2 0.5   # dips below c, and catch-ups
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-steps", type=int, default=3, help="draft tokens per speculative step")
     p.add_argument("--prefill-ms", type=float, default=8.0, help="cost of one admission of new requests")
     p.add_argument("--noise", type=float, default=0.03, help="step times vary uniformly by this share")
+    p.add_argument("--admit-delay", type=int, default=0,
+                   help="decode steps between a request's finish and its successor joining the batch (the client's "
+                        "round trip and the prefill's scheduling): the batch dips below c for that long")
+    p.add_argument("--catchup-ms", type=float, nargs=2, default=(0.0, 0.0), metavar=("FIXED_MS", "PER_REQUEST_MS"),
+                   help="what a speculative step right after a plain one costs more (the draft's catch-up)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--thresholds", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=128)
@@ -61,18 +67,30 @@ class Always:
 def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random) -> float:
     """One closed-loop level; output tokens per second."""
     total, sent, active, seconds, tokens = max(a.min_requests, a.requests_per_concurrency * c), 0, [], 0.0, 0
+    waiting, last_spec = [], True  # steps until each finished request's successor may join
     while True:
         admitted = 0
-        while len(active) < c and sent < total:
+        free = c - len(active) - len(waiting)  # slots whose successor is not on its way
+        while (free > 0 or waiting and min(waiting) <= 0) and sent < total:
+            if waiting and min(waiting) <= 0:
+                waiting.remove(min(waiting))
+            else:
+                free -= 1
             active.append(a.max_tokens)
             sent, admitted = sent + 1, admitted + 1
         seconds += a.prefill_ms / 1000 if admitted else 0.0
+        if not active and waiting:  # every successor on its way: the server idles for a step's time
+            seconds += a.plain[0] / 1000
+            waiting = [w - 1 for w in waiting]
+            continue
         if not active:
             return tokens / seconds
         b = len(active)
         spec = gate.decide(b) if gate else False
         fixed, per = a.spec if spec else a.plain
         step = (fixed + per * b) / 1000 * rng.uniform(1 - a.noise, 1 + a.noise)
+        catchup = (a.catchup_ms[0] + a.catchup_ms[1] * b) / 1000 if spec and not last_spec else 0.0
+        last_spec = spec
         made = 0
         for i in range(b):
             n = 1
@@ -81,10 +99,13 @@ def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random) -> 
             n = min(n, active[i])
             active[i] -= n
             made += n
-        seconds, tokens = seconds + step, tokens + made
+        seconds, tokens = seconds + step + catchup, tokens + made
         if gate:
-            gate.observe(b, spec, step, made)
+            gate.observe(b, spec, step + catchup, made)
+        finished = sum(r == 0 for r in active)
         active = [r for r in active if r > 0]
+        successors = min(finished, total - sent - len(waiting))  # the last requests of a level have none
+        waiting = [w - 1 for w in waiting] + [a.admit_delay] * successors
 
 
 def sweep(make, a, q, seed) -> dict[int, float]:

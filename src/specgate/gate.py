@@ -129,11 +129,12 @@ class AutoConfig:
     probe_every: int = 200  # the fewest steps between probes of the other side
     probe_len: int = 2
     probe_budget: float = 0.01  # the share of time whose throughput probes may lose
-    warm_band: float = 0.2  # a predicted gain within this of 1 is measured (warm-up) rather than trusted
+    warm_band: float = 0.1  # a predicted gain within this of 1 is measured (warm-up) rather than trusted
     alpha: float = 0.05  # EMA weight of a step on the side in use
     probe_alpha: float = 0.25  # and of a probe step: few of them, so each counts more
     warmup_steps: int = 3  # measured steps per side and bucket before the estimate is trusted
     min_dwell_steps: int = 8
+    outlier: float = 3.0  # a step measured at more than this many times its estimate counts as this many (a stall)
     seed: dict | None = None  # bucket -> {"plain_s", "spec_s", "tau"}, e.g. from the sweep's cost model
 
     def __post_init__(self):
@@ -147,6 +148,8 @@ class AutoConfig:
         for key in ("probe_budget", "warm_band"):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"auto gate {key} must be in [0, 1), got {getattr(self, key)}")
+        if self.outlier <= 1:
+            raise ValueError(f"auto gate outlier must be > 1, got {self.outlier}")
         for key in ("alpha", "probe_alpha"):
             if not 0 < getattr(self, key) <= 1:
                 raise ValueError(f"auto gate {key} must be in (0, 1], got {getattr(self, key)}")
@@ -174,7 +177,9 @@ class _Side:
         mb, mt = self.sb / self.w, self.st / self.w
         var = self.sbb / self.w - mb * mb
         slope = (self.sbt / self.w - mb * mt) / var if var > 1e-9 * max(mb * mb, 1) else 0.0
-        return mt + max(slope, 0.0) * (b - mb)  # a step never gets cheaper with more requests
+        # a step never gets cheaper with more requests, and its fixed part is never below zero: samples
+        # bunched at one batch with a few at the next would otherwise give any slope at all
+        return mt + min(max(slope, 0.0), mt / mb) * (b - mb)
 
 
 @dataclass
@@ -187,6 +192,7 @@ class AutoGate:
     probes: int = 0
     estimates: dict = field(default_factory=dict)  # bucket -> {"plain": _Side, "spec": _Side}
     tau: float | None = None  # EMA of tokens per request per speculative step, all buckets
+    tau_samples: int = 0  # request-steps behind tau
     _dwell: int = field(default=0, repr=False)
     _probing: int = field(default=0, repr=False)  # probe steps left
     _since_probe: int = field(default=0, repr=False)
@@ -201,6 +207,7 @@ class AutoGate:
             self.estimates[int(b)] = {"plain": _Side(1.0, mid, mid * mid, s["plain_s"], mid * s["plain_s"], n),
                                       "spec": _Side(1.0, mid, mid * mid, s["spec_s"], mid * s["spec_s"], n)}  # fmt: skip
             self.tau = s["tau"]
+            self.tau_samples = 1 << 20  # a seed stands for a sweep's worth of samples
 
     def _est(self, running: int) -> dict:
         return self.estimates.setdefault(bucket(running), {"plain": _Side(), "spec": _Side()})
@@ -298,22 +305,28 @@ class AutoGate:
         if speculated:
             self.observe_tokens(running, tokens)
 
-    def observe_time(self, running: int, speculated: bool, seconds: float, probe: bool | None = None) -> None:
+    def observe_time(self, running: int, speculated: bool, seconds: float | None, probe: bool | None = None) -> None:
         """A step's time alone (an engine that learns the accepted tokens later calls observe_tokens then).
         probe: whether that step was a probe, for an engine that reports a step after deciding later ones
-        (default: the step just decided)."""
+        (default: the step just decided). seconds None: a step the engine did not time as typical (one
+        that also caught the draft up); it still counts as the side's first step."""
         changed = self._last_side is not None and speculated != self._last_side
         self._last_side = speculated
-        if changed or running < 1 or seconds <= 0:
+        if changed or running < 1 or seconds is None or seconds <= 0:
             return  # the first step on a side carries the catch-up (or the switch): not typical
         side = self._est(running)["spec" if speculated else "plain"]
+        if side.n >= self.config.warmup_steps:  # one stalled step must not carry the estimate for a long while
+            seconds = min(seconds, self.config.outlier * side.seconds(running))
         side.add(running, seconds, self._alpha(probe))
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
         """The tokens a speculative step gave `requests` requests: each request is one sample of tau."""
         if requests < 1:
             return
-        w = 1 - (1 - self._alpha() / 8) ** requests
+        # the mean of all samples while they are few, then an EMA: a first step that accepted nothing must
+        # not hold the gate off for the hundreds of samples an EMA needs to forget it
+        self.tau_samples += requests
+        w = max(1 - (1 - self._alpha() / 8) ** requests, requests / self.tau_samples)
         self.tau = tokens / requests if self.tau is None else self.tau + w * (tokens / requests - self.tau)
 
     def threshold(self) -> int | None:

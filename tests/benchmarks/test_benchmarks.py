@@ -3,6 +3,7 @@ real runs on a tiny random model that write their tables."""
 
 import importlib.util
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -229,3 +230,27 @@ def test_the_auto_gate_model_chains_acceptance_to_tau_and_ranks_the_envelopes(ca
     env = {v.strip(): float(x.split()[0]) for v, x in rows.items()}
     # always-on wins at c = 1 and loses at 16 under the 8B-cost fit: a gate at 4 beats both ends
     assert env["gate_4"] > max(env["nospec"], env["always"]) and env["always"] < 0.7
+
+
+def test_the_auto_gate_model_dips_the_batch_and_charges_each_switch_on():
+    """With successors joining 3 steps after a finish, a level at c = 16 runs below 16 part of the time
+    (speculation staggers the finishes); each switch from plain to speculative steps pays the catch-up."""
+    model = load("auto_gate_model")
+    charged = model.parse_args(["--admit-delay", "3", "--catchup-ms", "50", "0", "--noise", "0", "--max-tokens", "32"])
+    free = model.parse_args(["--admit-delay", "3", "--noise", "0", "--max-tokens", "32"])
+    q = model.chain_probability(charged.tau, charged.num_steps)
+
+    class Recording(model.Always):
+        def __init__(self, every):
+            self.seen, self.every = [], every
+
+        def decide(self, running):
+            self.seen.append(running)
+            return len(self.seen) % self.every == 0  # every = 1: always on; 2: on every other step
+
+    always = Recording(1)
+    tps = model.level(always, 16, charged, q, random.Random(0))
+    assert max(always.seen) == 16 and sum(b < 16 for b in always.seen) > len(always.seen) // 4
+    assert tps == pytest.approx(model.level(Recording(1), 16, free, q, random.Random(0)))  # never switches
+    flapping = [model.level(Recording(2), 16, args, q, random.Random(0)) for args in (charged, free)]
+    assert flapping[0] < 0.5 * flapping[1]  # 50 ms on every other step of ~10 ms

@@ -117,7 +117,7 @@ def test_seeds_replace_the_warm_up_and_bad_settings_name_the_key():
     assert isinstance(make_gate({"disable_at": 4}), Gate)
     for bad, key in [({"margin": 1.5}, "margin"), ({"probe_every": 0}, "probe_every"), ({"alpha": 0}, "alpha"),
                      ({"probe_len": 5, "probe_every": 5}, "probe_len"), ({"probe_budget": 1.0}, "probe_budget"),
-                     ({"warm_band": -0.1}, "warm_band")]:  # fmt: skip
+                     ({"warm_band": -0.1}, "warm_band"), ({"outlier": 1.0}, "outlier")]:  # fmt: skip
         with pytest.raises(ValueError, match=key):
             AutoConfig(**bad)
     assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 64)] == [0, 1, 1, 2, 2, 3, 6]
@@ -132,3 +132,44 @@ def test_a_sweeps_cost_model_seeds_the_gate():
     assert sorted(seed) == list(range(7))
     gate = AutoGate(AutoConfig(seed=seed))
     assert gate.threshold() == 32 and model.crossover() == pytest.approx(crossover(2.5))
+
+
+def test_a_stalled_step_or_a_lopsided_bucket_moves_the_estimate_a_bounded_amount():
+    """A one-off stall (a compile, a host hiccup) counts as at most `outlier` times the estimate; a bucket
+    whose samples sit at one batch but a few at the next gives no steeper line than a step with no fixed part."""
+    gate = AutoGate(AutoConfig(warmup_steps=3))
+    for _ in range(20):
+        gate.observe_time(16, False, 0.010)
+    gate.observe_time(16, False, 1.0)  # a 100x stall
+    assert gate.seconds(16, "plain") < 0.012  # unclipped: ~0.085 (the stall's weight is alpha over the weights' sum)
+    lopsided = AutoGate(AutoConfig(warmup_steps=3))
+    for _ in range(40):
+        lopsided.observe_time(16, True, 0.030)
+    for _ in range(3):
+        lopsided.observe_time(17, True, 0.060)  # 30 ms more for one request more: no step is like that
+    # at most proportional to the batch: 35 ms (the weighted mean) x 24 / 16; the samples' own line gives ~0.27 s
+    assert lopsided.seconds(24, "spec") < 0.053
+
+
+def test_an_untimed_step_still_counts_as_the_first_on_its_side():
+    """The engine reports a step that also caught the draft up without a time: the step after it on the
+    same side is a typical one, and is measured."""
+    gate = AutoGate(AutoConfig(warmup_steps=1))
+    gate.observe_time(4, False, 0.010)
+    gate.observe_time(4, False, 0.010)
+    gate.observe_time(4, True, None)  # the switch's step, with its catch-up
+    gate.observe_time(4, True, 0.030)
+    assert gate.estimates[2]["spec"].n == 1 and gate.seconds(4, "spec") == pytest.approx(0.030)
+
+
+def test_tau_is_the_mean_of_its_first_samples_then_an_ema():
+    """A first speculative step that accepted nothing must not hold the estimate down for the hundreds of
+    samples an EMA needs to forget it (the gate, off on that estimate, would gather few more)."""
+    gate = AutoGate(AutoConfig())
+    gate.observe_tokens(4, 4)  # 1 token per request
+    for _ in range(20):
+        gate.observe_tokens(4, 10)  # 2.5
+    assert gate.tau == pytest.approx((4 + 200) / 84)  # an EMA alone: ~1.6
+    for _ in range(3000):
+        gate.observe_tokens(4, 6)  # the traffic shifts to 1.5: the EMA follows
+    assert gate.tau == pytest.approx(1.5, abs=0.01)

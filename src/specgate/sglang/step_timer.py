@@ -38,27 +38,37 @@ class StepTimer:
         return event
 
     def begin(self, running: int, speculated: bool, probe: bool) -> None:
-        """Before the step's first launch (its catch-up included): the step about to run."""
+        """Before the step's first launch: the step about to run."""
         if self.cuda and torch.cuda.is_current_stream_capturing():
             self.open = None  # a graph capture records no timing events
             return
         self.open = (running, speculated, probe, self._mark())
 
+    def untypical(self) -> None:
+        """The open step also did other work (a catch-up of the draft): it is reported without a time."""
+        if self.open is not None and self.open[3] is not None:
+            if self.cuda:
+                self.spare.append(self.open[3])  # recorded, never read: free to record again
+            self.open = (*self.open[:3], None)
+
     def end(self) -> None:
         """After the step's last launch."""
         if self.open is None:
             return
-        self.pending.append((*self.open, self._mark()))
+        self.pending.append((*self.open, None if self.open[3] is None else self._mark()))
         self.open = None
         if len(self.pending) > MAX_PENDING:
             self.pending.popleft()
             self.dropped += 1
 
     def finished(self):
-        """(running, speculated, probe, seconds) of every step that has completed, oldest first."""
+        """(running, speculated, probe, seconds) of every step that has completed, oldest first (seconds
+        None for an untypical step)."""
         while self.pending:
             running, speculated, probe, start, end = self.pending[0]
-            if self.cuda:
+            if start is None:  # untypical: its place in the order only
+                seconds = None
+            elif self.cuda:
                 if not end.query():
                     return
                 seconds = start.elapsed_time(end) / 1000

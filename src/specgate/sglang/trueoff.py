@@ -461,6 +461,7 @@ class TrueOffGate:
         if speculate:
             if self.buffers.pending(slots_cpu):
                 self.catch_up(batch, slots_cpu, full_only=False)
+                self.timer.untypical()  # its time is the catch-up's as much as the step's
                 self.since_catchup = 0
             self.original_steps += 1
             self.len_ok[slots_cpu] = False  # the accept lengths reach the host only later
@@ -470,6 +471,7 @@ class TrueOffGate:
             return out
         if (self.buffers.n_cpu[slots_cpu] >= self.buffers.window).any():
             self.catch_up(batch, slots_cpu, full_only=True)
+            self.timer.untypical()
             self.flushes += 1
         self.plain_steps += 1
         self._mirror(slots_cpu, batch.seq_lens_cpu, 1)

@@ -135,6 +135,13 @@ def gate_counters(info: dict) -> dict:
     return states[0].get("specgate_gate") or {}
 
 
+def settled_threshold(gate: dict) -> int | None:
+    """The auto gate's threshold now: the smallest batch at which it would stop speculating (None: it
+    speculates at every batch, or the gate is not the auto gate). Both engines report it as
+    `auto_threshold`; the plugin's `mode` names the gate's path (true-off), not its policy."""
+    return gate.get("auto_threshold")
+
+
 def accept_length(before: dict, after: dict) -> tuple[float | None, str]:
     """(accept length over the level, where it came from)."""
     if "spec_verify_steps" in after and "spec_accepted_tokens" in after:
@@ -223,7 +230,7 @@ async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: 
         gate, gate_before = gate_counters(after), gate_counters(before)
         row["gate_steps_on"] = gate.get("steps_on", 0) - gate_before.get("steps_on", 0) if gate else None
         row["gate_steps_off"] = gate.get("steps_off", 0) - gate_before.get("steps_off", 0) if gate else None
-        row["auto_threshold"] = gate.get("auto_threshold") if gate.get("mode") == "auto" else None
+        row["auto_threshold"] = settled_threshold(gate)
         counts, counts_before = spec_counts(after), spec_counts(before) or {}
         for key in ("verify", "accepted", "verify_resumed", "accepted_resumed"):  # this level's, for the report
             row[f"spec_{key}"] = counts[key] - counts_before.get(key, 0) if counts else None

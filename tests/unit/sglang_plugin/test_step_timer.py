@@ -22,6 +22,19 @@ def test_steps_come_out_oldest_first_with_their_own_time_and_probe_flag(monkeypa
     assert list(timer.finished()) == []  # each step once
 
 
+def test_an_untypical_step_keeps_its_place_without_a_time(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(step_timer.time, "perf_counter", lambda: now[0])
+    timer = StepTimer("cpu")
+    for untypical in (False, True, False):
+        timer.begin(8, True, False)
+        now[0] += 0.5 if untypical else 0.02  # a catch-up makes the step long
+        if untypical:
+            timer.untypical()
+        timer.end()
+    assert [t for *_, t in timer.finished()] == [pytest.approx(0.02), None, pytest.approx(0.02)]
+
+
 def test_a_stream_that_never_completes_keeps_a_bounded_backlog(monkeypatch):
     timer = StepTimer("cpu")
     for i in range(step_timer.MAX_PENDING + 10):

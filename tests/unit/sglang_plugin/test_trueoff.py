@@ -226,6 +226,7 @@ def test_the_auto_gate_in_sglang_times_each_decode_step_alone_and_counts_accepte
     """A speculative step takes 30 ms and a plain one 10 ms, with a second between steps (the host, a
     prefill): the gate's estimates are the steps' own times, whatever ran between them."""
     from specgate.gate import AutoGate
+    from specgate.sweep.load_client import gate_counters, settled_threshold
 
     now = [0.0]
     monkeypatch.setattr("specgate.sglang.step_timer.time.perf_counter", lambda: now[0])
@@ -257,3 +258,19 @@ def test_the_auto_gate_in_sglang_times_each_decode_step_alone_and_counts_accepte
     assert est["spec"].seconds(4) == pytest.approx(0.030)
     assert est["plain"].seconds(4) == pytest.approx(0.010)
     assert g.gate.gain(4) == pytest.approx(1.0)  # 3 tokens per 30 ms against 1 per 10 ms
+    # the sweep reads the threshold it settled on from the plugin's entry in SGLang's internal states
+    counters = g.counters()
+    assert counters["mode"] == "true-off" and "auto_threshold" in counters
+    info = {"internal_states": [{"specgate_gate": counters}]}
+    assert settled_threshold(gate_counters(info)) == g.gate.threshold()
+    # a speculative step that first catches the draft up (here for a second) is not a speculative step's time
+    g.catch_up = lambda *a, **k: now.__setitem__(0, now[0] + 1.0)
+    g.gate.on, g.gate._probing, g.gate._since_probe = True, 0, 0
+    # typical steps on the side, two with a catch-up, one more; a step's time reaches the gate at the next step
+    for i, pending in enumerate((False, False, True, True, False)):
+        if pending:
+            g.buffers.append(np.array([1, 2, 3, 4]), torch.tensor([1, 2, 3, 4]), torch.ones(4, 2))
+        assert g.forward(speculative, make_batch([1, 2, 3, 4], [10] * 4), None).kind == "original"
+        if i == 2:
+            n_spec = est["spec"].n  # the typical steps are in
+    assert est["spec"].n == n_spec and est["spec"].seconds(4) == pytest.approx(0.030)
