@@ -173,10 +173,17 @@ class _Side:
         self.st, self.sbt = k * self.st + a * t, k * self.sbt + a * b * t
         self.n += 1
 
-    def seconds(self, b: float) -> float:
+    def spread(self) -> bool:
+        """Whether the samples spread over enough batch sizes (sd >= 1/8 of the mean) to give a slope."""
+        mb = self.sb / self.w
+        return self.sbb / self.w - mb * mb >= (mb / 8) ** 2
+
+    def seconds(self, b: float, slope: float | None = None) -> float:
+        """At batch b, with the samples' own slope, or `slope` (from elsewhere) where they do not spread."""
         mb, mt = self.sb / self.w, self.st / self.w
-        var = self.sbb / self.w - mb * mb
-        slope = (self.sbt / self.w - mb * mt) / var if var > 1e-9 * max(mb * mb, 1) else 0.0
+        if slope is None:
+            var = self.sbb / self.w - mb * mb
+            slope = (self.sbt / self.w - mb * mt) / var if var > 1e-9 * max(mb * mb, 1) else 0.0
         # a step never gets cheaper with more requests, and its fixed part is never below zero: samples
         # bunched at one batch with a few at the next would otherwise give any slope at all
         return mt + min(max(slope, 0.0), mt / mb) * (b - mb)
@@ -232,9 +239,11 @@ class AutoGate:
     def seconds(self, running: int, side: str) -> float | None:
         """A step's time on one side ("plain" or "spec") at this batch: measured in its bucket, or predicted."""
         x = self._est(running)[side]
-        if x.n >= self.config.warmup_steps:
+        if x.n >= self.config.warmup_steps and x.spread():
             return x.seconds(running)
         line = self._line(side)
+        if x.n >= self.config.warmup_steps:  # measured at one batch size: its mean, the line's slope
+            return x.seconds(running, 0.0 if line is None else line[1])
         return None if line is None else line[0] + line[1] * running
 
     def gain(self, running: int) -> float | None:

@@ -60,12 +60,12 @@ def test_probes_are_about_one_percent_of_steps_and_off_steps_follow_the_estimate
 
 
 def test_a_burst_far_above_the_crossover_is_predicted_and_switched_off_at_once():
-    """Measured at batches 1-15 only, then a burst to 120 (tau 1.5: crossover 2, true gain 0.52 at 120):
+    """Measured at batches 1-15 only, then a burst to 120 (tau 2: crossover 8, true gain 0.70 at 120):
     the line through the measured buckets predicts a gain far below 1 there, so the gate neither warms up
     the speculative side at 120 nor waits out its dwell; speculating, it stops on the burst's first step."""
     rng = random.Random(3)
     gate = AutoGate(AutoConfig(probe_every=100))
-    drive(gate, 2000, tau=1.5, rng=rng, load=lambda i: triangle(i, top=15, period=100))
+    drive(gate, 2000, tau=2.0, rng=rng, load=lambda i: triangle(i, top=15, period=100))
     assert gate.on and 6 not in gate.estimates and gate.gain(120) < 0.8
     before = gate.steps_on
     sides = []
@@ -73,7 +73,7 @@ def test_a_burst_far_above_the_crossover_is_predicted_and_switched_off_at_once()
         spec = gate.decide(120)
         sides.append(spec)
         a, per = SPEC if spec else PLAIN
-        gate.observe(120, spec, a + per * 120, 180 if spec else 120)
+        gate.observe(120, spec, a + per * 120, 240 if spec else 120)
     assert sides[0] is False and gate.steps_on - before <= 2 * gate.config.probe_len  # probes at most
 
 
@@ -173,3 +173,21 @@ def test_tau_is_the_mean_of_its_first_samples_then_an_ema():
     for _ in range(3000):
         gate.observe_tokens(4, 6)  # the traffic shifts to 1.5: the EMA follows
     assert gate.tau == pytest.approx(1.5, abs=0.01)
+
+
+def test_a_bucket_measured_at_one_batch_takes_its_slope_from_the_other_buckets():
+    """The closed loop at c = 8 measures the 8-15 bucket at batch 8 only. A speculative step's time grows
+    faster with the batch than a plain one's, so at 15 speculation can lose where it won at 8: read flat,
+    the bucket would say it still wins there."""
+    plain, spec, tau = (0.00475, 0.000064), (0.00555, 0.000413), 1.85  # gain 1.1 at 8, 0.9 at 15
+    gate = AutoGate(AutoConfig(warmup_steps=3))
+    gate.tau = tau
+    for b in (4, 8, 16):
+        for _ in range(5):
+            gate.observe_time(b, False, plain[0] + plain[1] * b)
+        gate.observe_time(b, True, None)  # the side's first step
+        for _ in range(5):
+            gate.observe_time(b, True, spec[0] + spec[1] * b)
+        gate.observe_time(b, False, None)
+    assert gate.gain(8) == pytest.approx(1.1, abs=0.01)
+    assert gate.gain(15) == pytest.approx(0.9, abs=0.02)  # read flat: 1.1
