@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The auto gate after a workload shift, against fixed thresholds, on the reference engine.
+"""The auto gate after a workload shift, against fixed thresholds, on the reference engine or SGLang.
 
 Each variant's server (auto, gate_T for each --thresholds, no-spec and always-on) gets the same
 traffic: a closed loop at --concurrency, first --seconds of prompts from one eval source (e.g.
@@ -19,6 +19,12 @@ Reported:
 Needs the workflow's artifacts (a target and an exported drafter) and the eval set:
   python benchmarks/auto_shift.py --target results/target --drafter results/drafter \
       --eval results/data/eval.jsonl --from-source humaneval --to-source sharegpt --out auto_shift.md
+On a GPU host with SGLang, through specgate's true-off plugin, with the pair the workflow serves
+(results/target_widened and results/drafter_widened under target.widen):
+  python benchmarks/auto_shift.py --engine sglang --target results/target_widened \
+      --drafter results/drafter_widened --eval results/data/eval.jsonl --concurrency 8 \
+      --thresholds 4,8,16 --max-running 128 --attention-backend triton \
+      --extra-args="--sampling-backend pytorch --mem-fraction-static 0.6"
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ import shlex
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 
-from specgate.sweep.launcher import ServeSettings, Variant, reference_command
-from specgate.sweep.load_client import RequestRecord, bench_prompts, one_request, server_info
+from specgate.sweep.launcher import ServeSettings, Variant, reference_command, sglang_command
+from specgate.sweep.load_client import RequestRecord, bench_prompts, gate_counters, one_request, server_info
 from specgate.sweep.managed_server import ManagedServer, free_port
 
 
@@ -54,9 +61,29 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--num-steps", type=int, default=3)
     p.add_argument("--max-running", type=int, default=8)
+    p.add_argument("--engine", choices=["reference", "sglang"], default="reference")
+    p.add_argument("--device", default="cpu", help="reference engine")
+    p.add_argument("--attention-backend", help="SGLang")
+    p.add_argument("--extra-args", default="", help='more SGLang server flags, e.g. --extra-args="--sampling-backend pytorch"')
+    p.add_argument("--ready-timeout", type=float, default=900)
     p.add_argument("--work-dir", default="auto_shift_work")
     p.add_argument("--out", default="auto_shift.md")
     return p.parse_args(argv)
+
+
+def server_command(a, v: Variant, port: int, work: Path) -> tuple[list[str], dict]:
+    """The variant's server: the reference engine, or SGLang with specgate's gate plugin alone."""
+    settings = ServeSettings(target=a.target, draft=a.drafter, num_steps=a.num_steps, max_running=a.max_running,
+                             device=a.device, attention_backend=a.attention_backend,
+                             extra_args=shlex.split(a.extra_args), env={"SGLANG_PLUGINS": "specgate_gate"})  # fmt: skip
+    if a.engine == "sglang":
+        return sglang_command(settings, v, port, work)
+    return reference_command(settings, v, port)
+
+
+def served_model(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
+        return json.load(r)["data"][0]["id"]
 
 
 async def phase(url, prompts, a, t_run, records, stop_at):
@@ -67,7 +94,7 @@ async def phase(url, prompts, a, t_run, records, stop_at):
             i = w
             while time.perf_counter() - t_run < stop_at:
                 rec = RequestRecord("", a.concurrency, i)
-                await one_request(s, url, "m", prompts[i % len(prompts)], a.max_tokens, True, rec, t_run)
+                await one_request(s, url, a.model, prompts[i % len(prompts)], a.max_tokens, True, rec, t_run)
                 records.append(rec)
                 i += a.concurrency
 
@@ -77,7 +104,7 @@ async def phase(url, prompts, a, t_run, records, stop_at):
 async def watch(url, a, t_run, out, done):
     while not done.is_set():
         info = await server_info(url)
-        gate = info.get("gate") or {}
+        gate = gate_counters(info)
         out.append({"t": round(time.perf_counter() - t_run, 1), "threshold": gate.get("auto_threshold"),
                     "tau": gate.get("tau"), "probes": gate.get("probes"), "gate_on": gate.get("gate_on"),
                     "steps_on": gate.get("steps_on") or 0, "steps_off": gate.get("steps_off") or 0,
@@ -151,7 +178,6 @@ def main(argv=None) -> int:
     evals = [json.loads(line) for line in Path(a.eval).read_text().splitlines() if line.strip()]
     by_source = {src: bench_prompts([r for r in evals if r.get("source") == src], 64, seed=0)
                  for src in (a.from_source, a.to_source)}  # fmt: skip
-    settings = ServeSettings(target=a.target, draft=a.drafter, num_steps=a.num_steps, max_running=a.max_running)
     thresholds = [int(t) for t in a.thresholds.split(",")]
     variants = [Variant("auto", True, auto=True)] + [Variant(f"gate_{t}", True, t) for t in thresholds]
     variants += [Variant("nospec", False), Variant("always", True)]
@@ -160,9 +186,10 @@ def main(argv=None) -> int:
     result = {}
     for v in variants:
         port = free_port()
-        cmd, env = reference_command(settings, v, port)
+        cmd, env = server_command(a, v, port, work)
         print(f"[{time.strftime('%H:%M:%S')}] {v.name}", flush=True)
-        with ManagedServer(cmd, port, work / f"{v.name}.log", ready_timeout=600, env=env) as server:
+        with ManagedServer(cmd, port, work / f"{v.name}.log", ready_timeout=a.ready_timeout, env=env) as server:
+            a.model = served_model(server.url)
             records, shift, gate_log = asyncio.run(drive(server.url, a, by_source[a.from_source], by_source[a.to_source]))
         one, two = windows(records, 0, shift, a.window), windows(records, shift, shift + a.seconds, a.window)
         result[v.name] = {"one": one, "two": two, "shift": shift, "gate": gate_log,

@@ -254,3 +254,19 @@ def test_the_auto_gate_model_dips_the_batch_and_charges_each_switch_on():
     assert tps == pytest.approx(model.level(Recording(1), 16, free, q, random.Random(0)))  # never switches
     flapping = [model.level(Recording(2), 16, args, q, random.Random(0)) for args in (charged, free)]
     assert flapping[0] < 0.5 * flapping[1]  # 50 ms on every other step of ~10 ms
+
+
+def test_shift_serves_each_variant_on_the_engine_asked_for(tmp_path):
+    """The same variants on the reference engine or on SGLang with specgate's plugin (the auto gate as true-off)."""
+    shift = load("auto_shift")
+    args = ["--target", "t", "--drafter", "d", "--eval", "e.jsonl", "--max-running", "128"]
+    auto = shift.Variant("auto", True, auto=True)
+    cmd, env = shift.server_command(shift.parse_args(args), auto, 31000, tmp_path)
+    assert cmd[1:4] == ["-m", "specgate.cli", "serve"] and "--auto-gate" in cmd
+    sglang = shift.parse_args(args + ["--engine", "sglang", "--attention-backend", "triton",
+                                      "--extra-args=--sampling-backend pytorch"])  # fmt: skip
+    cmd, env = shift.server_command(sglang, auto, 31000, tmp_path)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"] and cmd[-2:] == ["--sampling-backend", "pytorch"]
+    assert cmd[cmd.index("--attention-backend") + 1] == "triton" and env["SGLANG_PLUGINS"] == "specgate_gate"
+    gate = json.loads(env["SPECGATE_GATE"])
+    assert gate["mode"] == "true-off" and gate["auto"] == {}
