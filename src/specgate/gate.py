@@ -115,6 +115,9 @@ class Gate:
 # any change of side is not measured (it carries the draft's catch-up). Step times come from the engine.
 
 
+LINE_EVERY = 16  # samples on a side between two fits of the line through its buckets
+
+
 def bucket(running: int) -> int:
     return max(running, 1).bit_length() - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
 
@@ -206,6 +209,8 @@ class AutoGate:
     _budget: dict = field(default_factory=dict, repr=False)  # bucket -> seconds its probes may still lose
     _last_side: bool | None = field(default=None, repr=False)
     _last_probe: bool = field(default=False, repr=False)
+    _lines: dict = field(default_factory=dict, repr=False)  # side -> (line through the buckets, samples then)
+    _samples: dict = field(default_factory=lambda: {"plain": 0, "spec": 0}, repr=False)
 
     def __post_init__(self):
         for b, s in (self.config.seed or {}).items():
@@ -221,20 +226,28 @@ class AutoGate:
 
     def _line(self, side: str) -> tuple[float, float] | None:
         """Step time a + c * batch through the measured buckets of one side (each bucket's weighted mean,
-        weighted by 1/t^2 so each fits to the same relative error); None under two buckets."""
-        pts = [(x.sb / x.w, x.st / x.w) for e in self.estimates.values()
-               if (x := e[side]).n >= self.config.warmup_steps and x.w > 0]  # fmt: skip
-        if len(pts) < 2:
-            return None
-        w = [1 / t**2 for _, t in pts]
-        sw = sum(w)
-        mb = sum(wi * b for wi, (b, _) in zip(w, pts)) / sw
-        mt = sum(wi * t for wi, (_, t) in zip(w, pts)) / sw
-        var = sum(wi * (b - mb) ** 2 for wi, (b, _) in zip(w, pts)) / sw
-        if var <= 0:
-            return None
-        slope = max(sum(wi * (b - mb) * (t - mt) for wi, (b, t) in zip(w, pts)) / sw / var, 0.0)
-        return mt - slope * mb, slope
+        weighted by 1/t^2 so each fits to the same relative error); None under two buckets. Read twice a
+        step but moving slowly, it is refitted after LINE_EVERY samples on that side or a bucket turning warm."""
+        cached = self._lines.get(side)
+        if cached is not None and self._samples[side] - cached[1] < LINE_EVERY:
+            return cached[0]
+        n = sw = sb = st = sbb = sbt = 0.0
+        for e in self.estimates.values():
+            x = e[side]
+            if x.n < self.config.warmup_steps or x.w <= 0:
+                continue
+            b, t = x.sb / x.w, x.st / x.w
+            wi = 1 / (t * t)
+            n, sw, sb, st, sbb, sbt = n + 1, sw + wi, sb + wi * b, st + wi * t, sbb + wi * b * b, sbt + wi * b * t
+        line = None
+        if n >= 2:
+            mb, mt = sb / sw, st / sw
+            var = sbb / sw - mb * mb
+            if var > 1e-9 * max(mb * mb, 1):
+                slope = max((sbt / sw - mb * mt) / var, 0.0)
+                line = (mt - slope * mb, slope)
+        self._lines[side] = (line, self._samples[side])
+        return line
 
     def seconds(self, running: int, side: str) -> float | None:
         """A step's time on one side ("plain" or "spec") at this batch: measured in its bucket, or predicted."""
@@ -323,10 +336,14 @@ class AutoGate:
         self._last_side = speculated
         if changed or running < 1 or seconds is None or seconds <= 0:
             return  # the first step on a side carries the catch-up (or the switch): not typical
-        side = self._est(running)["spec" if speculated else "plain"]
+        name = "spec" if speculated else "plain"
+        side = self._est(running)[name]
         if side.n >= self.config.warmup_steps:  # one stalled step must not carry the estimate for a long while
             seconds = min(seconds, self.config.outlier * side.seconds(running))
         side.add(running, seconds, self._alpha(probe))
+        self._samples[name] += 1
+        if side.n == self.config.warmup_steps:  # a bucket joins the line
+            self._lines.pop(name, None)
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
         """The tokens a speculative step gave `requests` requests: each request is one sample of tau."""

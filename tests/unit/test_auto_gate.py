@@ -191,3 +191,20 @@ def test_a_bucket_measured_at_one_batch_takes_its_slope_from_the_other_buckets()
         gate.observe_time(b, False, None)
     assert gate.gain(8) == pytest.approx(1.1, abs=0.01)
     assert gate.gain(15) == pytest.approx(0.9, abs=0.02)  # read flat: 1.1
+
+
+def test_the_line_through_the_buckets_follows_a_new_bucket_at_once_and_its_samples_within_line_every():
+    from specgate import gate as gate_module
+
+    gate = AutoGate(AutoConfig(warmup_steps=3))
+    for b in (4, 8):
+        for _ in range(3):
+            gate.observe_time(b, False, 0.010 + 0.001 * b)
+    assert gate.seconds(64, "plain") == pytest.approx(0.010 + 0.001 * 64)  # predicted along the line
+    for _ in range(3):  # a third bucket, off the line: the prediction moves with its third sample
+        gate.observe_time(16, False, 0.040)
+    moved = gate.seconds(64, "plain")
+    assert moved > 0.080
+    for _ in range(gate_module.LINE_EVERY):  # samples that move a bucket's mean: refitted within LINE_EVERY
+        gate.observe_time(16, False, 0.026)
+    assert gate.seconds(64, "plain") < moved
