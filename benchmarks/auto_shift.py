@@ -36,12 +36,12 @@ import shlex
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 
+from specgate.sweep.bench import served_model
 from specgate.sweep.launcher import ServeSettings, Variant, reference_command, sglang_command
 from specgate.sweep.load_client import RequestRecord, bench_prompts, gate_counters, one_request, server_info
 from specgate.sweep.managed_server import ManagedServer, free_port
@@ -75,18 +75,14 @@ def server_command(a, v: Variant, port: int, work: Path) -> tuple[list[str], dic
     """The variant's server: the reference engine, or SGLang with specgate's gate plugin alone."""
     settings = ServeSettings(target=a.target, draft=a.drafter, num_steps=a.num_steps, max_running=a.max_running,
                              device=a.device, attention_backend=a.attention_backend,
-                             extra_args=shlex.split(a.extra_args), env={"SGLANG_PLUGINS": "specgate_gate"})  # fmt: skip
+                             extra_args=shlex.split(a.extra_args))  # fmt: skip
     if a.engine == "sglang":
+        settings.env = {"SGLANG_PLUGINS": "specgate_gate"}
         return sglang_command(settings, v, port, work)
     return reference_command(settings, v, port)
 
 
-def served_model(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
-        return json.load(r)["data"][0]["id"]
-
-
-async def phase(url, prompts, a, t_run, records, stop_at):
+async def phase(url, model, prompts, a, t_run, records, stop_at):
     """Closed loop until `stop_at` (seconds since t_run); completions are timed from t_run."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
 
@@ -94,7 +90,7 @@ async def phase(url, prompts, a, t_run, records, stop_at):
             i = w
             while time.perf_counter() - t_run < stop_at:
                 rec = RequestRecord("", a.concurrency, i)
-                await one_request(s, url, a.model, prompts[i % len(prompts)], a.max_tokens, True, rec, t_run)
+                await one_request(s, url, model, prompts[i % len(prompts)], a.max_tokens, True, rec, t_run)
                 records.append(rec)
                 i += a.concurrency
 
@@ -115,12 +111,12 @@ async def watch(url, a, t_run, out, done):
             pass
 
 
-async def drive(url, a, before, after):
+async def drive(url, model, a, before, after):
     t_run, records, gate_log, done = time.perf_counter(), [], [], asyncio.Event()
     watcher = asyncio.create_task(watch(url, a, t_run, gate_log, done))
-    await phase(url, before, a, t_run, records, a.seconds)
+    await phase(url, model, before, a, t_run, records, a.seconds)
     shift = time.perf_counter() - t_run  # the last requests of phase one have drained
-    await phase(url, after, a, t_run, records, shift + a.seconds)
+    await phase(url, model, after, a, t_run, records, shift + a.seconds)
     done.set()
     await watcher
     return records, shift, gate_log
@@ -189,8 +185,8 @@ def main(argv=None) -> int:
         cmd, env = server_command(a, v, port, work)
         print(f"[{time.strftime('%H:%M:%S')}] {v.name}", flush=True)
         with ManagedServer(cmd, port, work / f"{v.name}.log", ready_timeout=a.ready_timeout, env=env) as server:
-            a.model = served_model(server.url)
-            records, shift, gate_log = asyncio.run(drive(server.url, a, by_source[a.from_source], by_source[a.to_source]))
+            records, shift, gate_log = asyncio.run(drive(server.url, served_model(server.url), a, by_source[a.from_source],
+                                                         by_source[a.to_source]))  # fmt: skip
         one, two = windows(records, 0, shift, a.window), windows(records, shift, shift + a.seconds, a.window)
         result[v.name] = {"one": one, "two": two, "shift": shift, "gate": gate_log,
                           "steady_one": statistics.median(one[len(one) // 2:]),

@@ -57,6 +57,11 @@ def _get_json(url: str) -> dict:
         return json.loads(r.read())
 
 
+def served_model(url: str) -> str:
+    """The model name a server answers to (OpenAI API), for the requests' `model` field."""
+    return _get_json(f"{url}/v1/models")["data"][0]["id"]
+
+
 def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target: str, drafter: str | None,
                 eval_jsonl: str, records_out: str, summary_out: str, server_log: str, work_dir: str, device: str,
                 seed: int, round: int = 0, on_ready=None) -> pd.DataFrame:  # fmt: skip
@@ -88,7 +93,7 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
                  row["median_itl_ms"] or -1, row["accept_length"], row["failed"])  # fmt: skip
 
     with ManagedServer(cmd, port, server_log, ready_timeout=serve["ready_timeout"], env=env) as server:
-        model = _get_json(f"{server.url}/v1/models")["data"][0]["id"]
+        model = served_model(server.url)
         if on_ready is not None:
             on_ready(server.url, model, prompts)
         info = _get_json(f"{server.url}/server_info")
