@@ -55,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--from-source", default="humaneval")
     p.add_argument("--to-source", default="sharegpt")
     p.add_argument("--thresholds", default="2,4,8")
+    p.add_argument("--no-references", action="store_true",
+                   help="serve only auto and the fixed thresholds, not no-spec and always-on (each server costs 2 x --seconds)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--seconds", type=float, default=60, help="length of each phase")
     p.add_argument("--window", type=float, default=5)
@@ -69,6 +71,15 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", default="auto_shift_work")
     p.add_argument("--out", default="auto_shift.md")
     return p.parse_args(argv)
+
+
+def shift_variants(a) -> list[Variant]:
+    """auto, gate_T for each threshold, then no-spec and always-on unless --no-references."""
+    variants = [Variant("auto", True, auto=True)]
+    variants += [Variant(f"gate_{t}", True, int(t)) for t in a.thresholds.split(",")]
+    if not a.no_references:
+        variants += [Variant("nospec", False), Variant("always", True)]
+    return variants
 
 
 def server_command(a, v: Variant, port: int, work: Path) -> tuple[list[str], dict]:
@@ -175,8 +186,7 @@ def main(argv=None) -> int:
     by_source = {src: bench_prompts([r for r in evals if r.get("source") == src], 64, seed=0)
                  for src in (a.from_source, a.to_source)}  # fmt: skip
     thresholds = [int(t) for t in a.thresholds.split(",")]
-    variants = [Variant("auto", True, auto=True)] + [Variant(f"gate_{t}", True, t) for t in thresholds]
-    variants += [Variant("nospec", False), Variant("always", True)]
+    variants = shift_variants(a)
     work = Path(a.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     result = {}

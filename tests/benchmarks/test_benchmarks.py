@@ -270,3 +270,7 @@ def test_shift_serves_each_variant_on_the_engine_asked_for(tmp_path):
     assert cmd[cmd.index("--attention-backend") + 1] == "triton" and env["SGLANG_PLUGINS"] == "specgate_gate"
     gate = json.loads(env["SPECGATE_GATE"])
     assert gate["mode"] == "true-off" and gate["auto"] == {}
+    names = [v.name for v in shift.shift_variants(shift.parse_args(args + ["--thresholds", "4,16"]))]
+    assert names == ["auto", "gate_4", "gate_16", "nospec", "always"]
+    lean = shift.parse_args(args + ["--thresholds", "4,16", "--no-references"])
+    assert [v.name for v in shift.shift_variants(lean)] == ["auto", "gate_4", "gate_16"]
