@@ -12,6 +12,9 @@ step costs and level lengths before spending GPU time.
     python benchmarks/auto_gate_model.py            # the 8B-cost H200 deployment's fit (h200-8bcost.md)
     python benchmarks/auto_gate_model.py --plain 22 9.5 --spec 26 13.6 --tau 1.37 --thresholds 2 4 8
     python benchmarks/auto_gate_model.py --admit-delay 2 --catchup-ms 2 0.5   # dips below c, and catch-ups
+    python benchmarks/auto_gate_model.py --first-use-stall-ms 150   # each batch size's first speculative step stalls
+
+Gated variants first get the sweep's unmeasured priming wave (--prime, max_running requests at once).
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "round trip and the prefill's scheduling): the batch dips below c for that long")
     p.add_argument("--catchup-ms", type=float, nargs=2, default=(0.0, 0.0), metavar=("FIXED_MS", "PER_REQUEST_MS"),
                    help="what a speculative step right after a plain one costs more (the draft's catch-up)")
+    p.add_argument("--first-use-stall-ms", type=float, default=0.0,
+                   help="what the first speculative step at each batch size costs more (a kernel's first compile)")
+    p.add_argument("--prime", type=int, default=128,
+                   help="the sweep's unmeasured first wave for the auto gate: this many requests at once (max_running)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--thresholds", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=128)
@@ -64,10 +71,12 @@ class Always:
         pass
 
 
-def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random) -> float:
-    """One closed-loop level; output tokens per second."""
+def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random, compiled: set | None = None) -> float:
+    """One closed-loop level; output tokens per second. `compiled`: the batch sizes a speculative step has
+    already run at on this server (each one's first pays --first-use-stall-ms)."""
     total, sent, active, seconds, tokens = max(a.min_requests, a.requests_per_concurrency * c), 0, [], 0.0, 0
     waiting, last_spec = [], True  # steps until each finished request's successor may join
+    compiled = set() if compiled is None else compiled
     while True:
         admitted = 0
         free = c - len(active) - len(waiting)  # slots whose successor is not on its way
@@ -90,6 +99,9 @@ def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random) -> 
         fixed, per = a.spec if spec else a.plain
         step = (fixed + per * b) / 1000 * rng.uniform(1 - a.noise, 1 + a.noise)
         catchup = (a.catchup_ms[0] + a.catchup_ms[1] * b) / 1000 if spec and not last_spec else 0.0
+        if spec and b not in compiled:
+            compiled.add(b)
+            step += a.first_use_stall_ms / 1000
         last_spec = spec
         made = 0
         for i in range(b):
@@ -109,10 +121,13 @@ def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random) -> 
 
 
 def sweep(make, a, q, seed) -> dict[int, float]:
-    rng, gate = random.Random(seed), make()
+    rng, gate, compiled = random.Random(seed), make(), set()
     if gate:
-        level(gate, 4, a, q, rng)  # the sweep's warm-up requests
-    return {c: level(gate, c, a, q, rng) for c in a.concurrency}
+        if a.prime:  # the sweep primes a gated server with one unmeasured wave (bench.py: max_running for auto)
+            wave = argparse.Namespace(**{**vars(a), "min_requests": a.prime, "requests_per_concurrency": 1})
+            level(gate, a.prime, wave, q, rng, compiled)
+        level(gate, 4, a, q, rng, compiled)  # the sweep's warm-up requests
+    return {c: level(gate, c, a, q, rng, compiled) for c in a.concurrency}
 
 
 def main(argv=None) -> int:

@@ -136,6 +136,7 @@ class AutoConfig:
     alpha: float = 0.05  # EMA weight of a step on the side in use
     probe_alpha: float = 0.25  # and of a probe step: few of them, so each counts more
     warmup_steps: int = 3  # measured steps per side and bucket before the estimate is trusted
+    probe_floor_every: int = 2000  # a probe at least this often, whatever the budget says (a wrong estimate heals)
     min_dwell_steps: int = 8
     outlier: float = 3.0  # a step measured at more than this many times its estimate counts as this many (a stall)
     seed: dict | None = None  # bucket -> {"plain_s", "spec_s", "tau"}, e.g. from the sweep's cost model
@@ -143,7 +144,7 @@ class AutoConfig:
     def __post_init__(self):
         if not 0 <= self.margin < 1:
             raise ValueError(f"auto gate margin must be in [0, 1), got {self.margin}")
-        for key in ("probe_every", "probe_len", "warmup_steps"):
+        for key in ("probe_every", "probe_len", "warmup_steps", "probe_floor_every"):
             if getattr(self, key) < 1:
                 raise ValueError(f"auto gate {key} must be >= 1, got {getattr(self, key)}")
         if self.probe_len >= self.probe_every:
@@ -169,12 +170,33 @@ class _Side:
     st: float = 0.0
     sbt: float = 0.0
     n: int = 0  # measured steps
+    first: list = field(default_factory=list)  # the warm-up's samples, (b, t, weight), until it ends
 
-    def add(self, b: float, t: float, a: float) -> None:
+    def add(self, b: float, t: float, a: float, warmup: int = 0) -> None:
         k = 1 - a
         self.w, self.sb, self.sbb = k * self.w + a, k * self.sb + a * b, k * self.sbb + a * b * b
         self.st, self.sbt = k * self.st + a * t, k * self.sbt + a * b * t
         self.n += 1
+        if self.n <= warmup:
+            self.first.append((b, t, a))
+            if self.n == warmup:
+                self._drop_stalls()
+
+    def _drop_stalls(self) -> None:
+        """End of the warm-up: refit without any sample above twice the samples' median. A stall (a kernel's
+        first compile, a host hiccup) only ever lengthens a step, and among three samples one such would
+        otherwise set the estimate: on an H200 one speculative step at batch 1 timed at ~40x its cost held
+        the gate off at batch 1 for a whole sweep."""
+        times = sorted(t for _, t, _ in self.first)
+        median = times[len(times) // 2]
+        kept = [x for x in self.first if x[1] <= 2 * median]
+        if len(kept) < len(self.first):
+            self.w = self.sb = self.sbb = self.st = self.sbt = 0.0
+            for b, t, a in kept:
+                k = 1 - a
+                self.w, self.sb, self.sbb = k * self.w + a, k * self.sb + a * b, k * self.sbb + a * b * b
+                self.st, self.sbt = k * self.st + a * t, k * self.sbt + a * b * t
+        self.first = []
 
     def spread(self) -> bool:
         """Whether the samples spread over enough batch sizes (sd >= 1/8 of the mean) to give a slope."""
@@ -232,11 +254,13 @@ class AutoGate:
         if cached is not None and self._samples[side] - cached[1] < LINE_EVERY:
             return cached[0]
         n = sw = sb = st = sbb = sbt = 0.0
+        lo = hi = None
         for e in self.estimates.values():
             x = e[side]
             if x.n < self.config.warmup_steps or x.w <= 0:
                 continue
             b, t = x.sb / x.w, x.st / x.w
+            lo, hi = min(lo or b, b), max(hi or b, b)
             wi = 1 / (t * t)
             n, sw, sb, st, sbb, sbt = n + 1, sw + wi, sb + wi * b, st + wi * t, sbb + wi * b * b, sbt + wi * b * t
         line = None
@@ -244,8 +268,12 @@ class AutoGate:
             mb, mt = sb / sw, st / sw
             var = sbb / sw - mb * mb
             if var > 1e-9 * max(mb * mb, 1):
-                slope = max((sbt / sw - mb * mt) / var, 0.0)
-                line = (mt - slope * mb, slope)
+                slope = (sbt / sw - mb * mt) / var
+                # a step never gets cheaper with more requests: a line falling by over a fifth across the
+                # measured buckets says one of them is wrong, so it predicts nothing (the gate measures instead)
+                if slope * (hi - lo) >= -0.2 * (mt + slope * (lo - mb)):
+                    slope = max(slope, 0.0)
+                    line = (mt - slope * mb, slope)
         self._lines[side] = (line, self._samples[side])
         return line
 
@@ -301,7 +329,10 @@ class AutoGate:
             b = bucket(running)  # g is known here, so are both step times
             self._budget[b] = self._budget.get(b, 0.0) + cfg.probe_budget * (spec_s if self.on else plain_s)
             loss = self._probe_loss(plain_s, spec_s)
-            if self._since_probe >= cfg.probe_every and loss <= self._budget[b]:  # next: the other side
+            # the floor: an estimate far from the truth predicts a loss the budget never covers, and only a
+            # probe would show it wrong
+            due = loss <= self._budget[b] or self._since_probe >= cfg.probe_floor_every
+            if self._since_probe >= cfg.probe_every and due:  # next: the other side
                 self._budget[b] -= loss
                 self._since_probe = 0
                 self._probing = cfg.probe_len
@@ -336,13 +367,23 @@ class AutoGate:
         self._last_side = speculated
         if changed or running < 1 or seconds is None or seconds <= 0:
             return  # the first step on a side carries the catch-up (or the switch): not typical
-        name = "spec" if speculated else "plain"
-        side = self._est(running)[name]
-        if side.n >= self.config.warmup_steps:  # one stalled step must not carry the estimate for a long while
-            seconds = min(seconds, self.config.outlier * side.seconds(running))
-        side.add(running, seconds, self._alpha(probe))
+        name, cfg = "spec" if speculated else "plain", self.config
+        est = self._est(running)
+        side = est[name]
+        if side.n >= cfg.warmup_steps:
+            expected = side.seconds(running)
+            if seconds * cfg.outlier < expected:
+                # no step runs several times faster than it costs, so the estimate was carried by stalls:
+                # start it again from this step (otherwise only probes, at their budget, would wear it down)
+                est[name] = _Side(n=cfg.warmup_steps - 1)
+                est[name].add(running, seconds, 1.0)
+                self._samples[name] += 1
+                self._lines.pop(name, None)
+                return
+            seconds = min(seconds, cfg.outlier * expected)  # one stalled step must not carry the estimate for long
+        side.add(running, seconds, self._alpha(probe), cfg.warmup_steps)
         self._samples[name] += 1
-        if side.n == self.config.warmup_steps:  # a bucket joins the line
+        if side.n == cfg.warmup_steps:  # a bucket joins the line
             self._lines.pop(name, None)
 
     def observe_tokens(self, requests: int, tokens: int) -> None:

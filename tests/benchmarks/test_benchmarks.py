@@ -274,3 +274,17 @@ def test_shift_serves_each_variant_on_the_engine_asked_for(tmp_path):
     assert names == ["auto", "gate_4", "gate_16", "nospec", "always"]
     lean = shift.parse_args(args + ["--thresholds", "4,16", "--no-references"])
     assert [v.name for v in shift.shift_variants(lean)] == ["auto", "gate_4", "gate_16"]
+
+
+def test_the_auto_gate_model_stalls_first_uses_and_the_gate_does_not_lock_off():
+    """The sweep primes the auto gate with a wave of 128; the first speculative step at each batch size pays
+    a compile. With the H200 run's policy the stalled warm-up at batch 1 read a gain of ~0.15 everywhere
+    and the gate never speculated again; now the stall is dropped from the warm-up and batch 1 reads its
+    true gain (1.18: tau 1.83 x 4.82 ms / 7.48 ms)."""
+    from specgate.gate import AutoConfig, AutoGate
+
+    model = load("auto_gate_model")
+    a = model.parse_args(["--first-use-stall-ms", "150", "--concurrency", "1", "2", "--max-tokens", "64"])
+    gate = AutoGate(AutoConfig())
+    model.sweep(lambda: gate, a, model.chain_probability(a.tau, a.num_steps), 0)
+    assert gate.gain(1) > 1.1 and gate.steps_on > gate.steps_off, gate.counters()

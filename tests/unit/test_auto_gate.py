@@ -208,3 +208,61 @@ def test_the_line_through_the_buckets_follows_a_new_bucket_at_once_and_its_sampl
     for _ in range(gate_module.LINE_EVERY):  # samples that move a bucket's mean: refitted within LINE_EVERY
         gate.observe_time(16, False, 0.026)
     assert gate.seconds(64, "plain") < moved
+
+
+def _step(gate, b, tau, stall=0.0):
+    """One decode step of the linear cost model; `stall` lengthens a speculative step."""
+    spec = gate.decide(b)
+    a, per = SPEC if spec else PLAIN
+    gate.observe(b, spec, a + per * b + (stall if spec else 0.0), round(tau * b) if spec else b)
+    return spec
+
+
+def test_a_stalled_warm_up_step_does_not_hold_the_gate_off():
+    """The H200 sweep whose auto gate never speculated, replayed: a warm-up burst at batch 127 measured both
+    sides there (gain 0.63: off); the batch drained to 1 while off; one of the three speculative warm-up steps
+    at batch 1 took ~30x its cost (a kernel's first compile). From the mean of the three the gain at batch 1
+    read ~0.1, the line through the buckets carried that to every bucket, and no probe was ever affordable."""
+    tau = 1.8  # gain ~0.63 at 127; at batch 1 a step yields round(1.8) = 2 tokens: gain 1.47
+    gate = AutoGate()
+    for _ in range(30):
+        _step(gate, 127, tau)
+    assert not gate.on
+    for b in range(126, 0, -1):
+        _step(gate, b, tau)
+    spec_steps = 0
+    for i in range(3000):
+        stall = 0.5 if spec_steps == 1 else 0.0  # the first sampled speculative step at batch 1
+        spec_steps += _step(gate, 1, tau, stall)
+    assert gate.on and gate.gain(1) == pytest.approx(2 * 0.011 / 0.015, abs=0.02), gate.counters()  # 2 tokens a step at 1
+    assert gate.steps_on >= 2900, gate.counters()
+
+
+def test_an_estimate_far_off_is_probed_and_corrected_whatever_the_budget():
+    """A speculative step estimated at 27x its cost predicts that a probe loses 0.76 s: at 1% of 11 ms
+    steps the budget would cover it after ~7,000 steps. The probe floor runs one every probe_floor_every
+    steps, and a step measured at under 1/outlier of its estimate restarts the estimate."""
+    tau = 1.8
+    seed = {0: {"plain_s": 0.011, "spec_s": 0.4, "tau": tau}}
+    gate = AutoGate(AutoConfig(seed=seed))
+    sides = [_step(gate, 1, tau) for _ in range(3000)]
+    first_on = sides.index(True)
+    assert first_on <= gate.config.probe_floor_every + 1 and all(sides[first_on + 2:]), gate.counters()
+    assert gate.seconds(1, "spec") == pytest.approx(0.015)
+
+
+def test_a_line_that_falls_with_the_batch_predicts_nothing():
+    """Buckets measured at 2 and 64 whose speculative steps read 60 ms and 20 ms: one is wrong, and the
+    gate measures a new bucket rather than trusting the line."""
+    gate = AutoGate(AutoConfig(warmup_steps=1))
+    for b, t in ((2, 0.060), (64, 0.020)):
+        gate.observe_time(b, False, 0.01)
+        gate.observe_time(b, True, None)
+        gate.observe_time(b, True, t)
+    assert gate.seconds(16, "spec") is None
+    rising = AutoGate(AutoConfig(warmup_steps=1))
+    for b, t in ((2, 0.020), (64, 0.060)):
+        rising.observe_time(b, False, 0.01)
+        rising.observe_time(b, True, None)
+        rising.observe_time(b, True, t)
+    assert rising.seconds(16, "spec") == pytest.approx(0.020 + 0.040 * 14 / 62, rel=0.05)

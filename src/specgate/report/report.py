@@ -215,7 +215,8 @@ def _fmt(x, digits=1):
 
 
 def _by_concurrency(summary: pd.DataFrame, column: str, variants: list[str], digits: int = 1) -> str:
-    table = summary.pivot_table(index="concurrency", columns="variant", values=column)
+    # a variant with no value at all (an auto gate that never speculated has no accept length) is a column of "-"
+    table = summary.pivot_table(index="concurrency", columns="variant", values=column).reindex(columns=variants)
     return _table(["concurrency", *variants], [[c, *[_fmt(table.at[c, v], digits) for v in variants]] for c in table.index])
 
 

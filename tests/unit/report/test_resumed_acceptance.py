@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from specgate.report.report import resumed_section
+from specgate.report.report import _by_concurrency, resumed_section
 
 
 def test_pooled_over_levels_and_divided_by_the_rest_and_by_always_on():
@@ -28,3 +28,11 @@ def test_no_section_without_steps_after_an_off_period():
                             "spec_verify_resumed": [None, 0], "spec_accepted_resumed": [None, 0]})  # fmt: skip
     assert resumed_section(summary) == []
     assert resumed_section(summary.drop(columns=["spec_verify_resumed"])) == []
+
+
+def test_a_variant_without_any_value_is_a_column_of_dashes():
+    """An auto gate that never speculated has no accept length at any level; the table still has its column."""
+    summary = pd.DataFrame({"variant": ["always", "auto", "always", "auto"], "concurrency": [1, 1, 2, 2],
+                            "accept_length": [1.9, None, 1.8, None]})  # fmt: skip
+    table = _by_concurrency(summary, "accept_length", ["always", "auto"], 3)
+    assert "| 1 | 1.900 | - |" in table and "| 2 | 1.800 | - |" in table
