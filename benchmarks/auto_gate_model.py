@@ -80,7 +80,8 @@ def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random, com
     while True:
         admitted = 0
         free = c - len(active) - len(waiting)  # slots whose successor is not on its way
-        while (free > 0 or waiting and min(waiting) <= 0) and sent < total:
+        # a free slot takes a new request only while some are left beyond the successors on their way
+        while (free > 0 and sent + len(waiting) < total or waiting and min(waiting) <= 0) and sent < total:
             if waiting and min(waiting) <= 0:
                 waiting.remove(min(waiting))
             else:
