@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import shlex
 import statistics
 import sys
@@ -63,6 +64,10 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=60, help="length of each phase")
     p.add_argument("--window", type=float, default=5)
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--length-spread", type=float, default=0.5,
+                   help="request i gets max_tokens x (1 - spread/2 + spread x u_i), u_i uniform and the same for every "
+                        "variant: with one length for all, plain steps keep a closed loop's requests in step, so their "
+                        "successors share one prefill, while speculation staggers them into one prefill each")
     p.add_argument("--num-steps", type=int, default=3)
     p.add_argument("--max-running", type=int, default=8)
     p.add_argument("--engine", choices=["reference", "sglang"], default="reference")
@@ -95,6 +100,12 @@ def server_command(a, v: Variant, port: int, work: Path) -> tuple[list[str], dic
     return reference_command(settings, v, port)
 
 
+def request_length(a, i: int) -> int:
+    """Request i's output length: around --max-tokens, spread by --length-spread, the same for every variant."""
+    u = random.Random(i).random()
+    return max(1, round(a.max_tokens * (1 - a.length_spread / 2 + a.length_spread * u)))
+
+
 async def phase(url, model, prompts, a, t_run, records, stop_at):
     """Closed loop until `stop_at` (seconds since t_run); completions are timed from t_run."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
@@ -103,7 +114,7 @@ async def phase(url, model, prompts, a, t_run, records, stop_at):
             i = w
             while time.perf_counter() - t_run < stop_at:
                 rec = RequestRecord("", a.concurrency, i)
-                await one_request(s, url, model, prompts[i % len(prompts)], a.max_tokens, True, rec, t_run)
+                await one_request(s, url, model, prompts[i % len(prompts)], request_length(a, i), True, rec, t_run)
                 records.append(rec)
                 i += a.concurrency
 
@@ -217,7 +228,8 @@ def main(argv=None) -> int:
     last = result["auto"]["gate"][-1]
     probe_steps = 2 * (last["probes"] or 0)  # probe_len 2, the default
     lines = [f"`{shlex.join(['python', 'benchmarks/auto_shift.py', *sys.argv[1:]])}`", "",
-             f"Closed loop at concurrency {a.concurrency}, {a.max_tokens} output tokens per request, greedy; "
+             f"Closed loop at concurrency {a.concurrency}, {a.max_tokens} output tokens per request on average "
+             f"(spread {a.length_spread:g}), greedy; "
              f"{a.seconds:g} s of `{a.from_source}` prompts, then {a.seconds:g} s of `{a.to_source}`; windows of "
              f"{a.window:g} s; steady = median of a phase's second-half windows. One run.", "",
              f"| variant | steady tok/s, {a.from_source} | steady tok/s, {a.to_source} |", "|---|---|---|"]  # fmt: skip

@@ -288,3 +288,16 @@ def test_the_auto_gate_model_stalls_first_uses_and_the_gate_does_not_lock_off():
     gate = AutoGate(AutoConfig())
     model.sweep(lambda: gate, a, model.chain_probability(a.tau, a.num_steps), 0)
     assert gate.gain(1) > 1.1 and gate.steps_on > gate.steps_off, gate.counters()
+
+
+def test_shift_request_lengths_vary_around_max_tokens_and_repeat_for_every_variant():
+    """Equal lengths keep plain-stepping requests in step (their successors share one prefill); on an H200
+    the auto server ran 626 prefills where gate_4's ran 269 for that reason alone."""
+    shift = load("auto_shift")
+    a = shift.parse_args(["--target", "t", "--drafter", "d", "--eval", "e.jsonl", "--max-tokens", "48"])
+    lengths = [shift.request_length(a, i) for i in range(400)]
+    assert lengths == [shift.request_length(a, i) for i in range(400)]
+    assert min(lengths) >= 36 and max(lengths) <= 60 and len(set(lengths)) > 15
+    assert abs(sum(lengths) / len(lengths) - 48) < 1.5
+    fixed = shift.parse_args(["--target", "t", "--drafter", "d", "--eval", "e.jsonl", "--length-spread", "0"])
+    assert {shift.request_length(fixed, i) for i in range(50)} == {48}
