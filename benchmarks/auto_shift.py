@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import shlex
 import statistics
 import sys
@@ -46,7 +45,7 @@ import numpy as np
 
 from specgate.sweep.bench import served_model
 from specgate.sweep.launcher import ServeSettings, Variant, reference_command, sglang_command
-from specgate.sweep.load_client import RequestRecord, bench_prompts, gate_counters, one_request, server_info
+from specgate.sweep.load_client import RequestRecord, bench_prompts, gate_counters, one_request, server_info, spread_length
 from specgate.sweep.managed_server import ManagedServer, free_port
 
 
@@ -102,8 +101,7 @@ def server_command(a, v: Variant, port: int, work: Path) -> tuple[list[str], dic
 
 def request_length(a, i: int) -> int:
     """Request i's output length: around --max-tokens, spread by --length-spread, the same for every variant."""
-    u = random.Random(i).random()
-    return max(1, round(a.max_tokens * (1 - a.length_spread / 2 + a.length_spread * u)))
+    return spread_length(a.max_tokens, a.length_spread, i)
 
 
 async def phase(url, model, prompts, a, t_run, records, stop_at):

@@ -364,7 +364,9 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
     parts = ["", "## Threshold sweep", "",
              f"Engine `{eng}` (server version {summary.server_version.iloc[0]}), {serve['num_steps']} draft steps, top-k 1; "
              f"closed loop over the OpenAI streaming API, {bench['max_tokens']} output tokens per request "
-             f"(ignore_eos={bench['ignore_eos']}), greedy; max(min_requests={bench['min_requests']}, "
+             + (f"on average (spread {bench['length_spread']:g}: each request's length uniform over ±"
+                f"{bench['length_spread'] / 2:.0%}, the same for every variant) " if bench.get("length_spread") else "")
+             + f"(ignore_eos={bench['ignore_eos']}), greedy; max(min_requests={bench['min_requests']}, "
              f"{bench['requests_per_concurrency']}×concurrency) requests per level and round after {bench['warmup_requests']} "
              f"warm-up requests, in {int(summary['rounds'].max())} interleaved rounds (round r of every variant after "
              "round r-1 of all). Each cell is the median over rounds; latency and accept-length cells are medians of "

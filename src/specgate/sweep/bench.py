@@ -105,7 +105,7 @@ def run_variant(variant: dict, *, engine: str, serve: dict, bench: dict, target:
             server.url, model, prompts, bench["concurrency"], variant=name, num_requests=requests_for(bench),
             warmup_requests=bench["warmup_requests"], max_tokens=bench["max_tokens"], ignore_eos=bench["ignore_eos"],
             max_error_rate=bench["max_error_rate"], timeout_s=bench["request_timeout"], progress=progress,
-            prime=prime))  # fmt: skip
+            prime=prime, length_spread=bench["length_spread"]))  # fmt: skip
     bar.close()
     summary = pd.DataFrame(rows)
     summary.insert(1, "engine", engine)
