@@ -173,9 +173,7 @@ class _Side:
     first: list = field(default_factory=list)  # the warm-up's samples, (b, t, weight), until it ends
 
     def add(self, b: float, t: float, a: float, warmup: int = 0) -> None:
-        k = 1 - a
-        self.w, self.sb, self.sbb = k * self.w + a, k * self.sb + a * b, k * self.sbb + a * b * b
-        self.st, self.sbt = k * self.st + a * t, k * self.sbt + a * b * t
+        self._accumulate(b, t, a)
         self.n += 1
         if self.n <= warmup:
             self.first.append((b, t, a))
@@ -192,11 +190,14 @@ class _Side:
         kept = [x for x in self.first if x[1] <= 2 * median]
         if len(kept) < len(self.first):
             self.w = self.sb = self.sbb = self.st = self.sbt = 0.0
-            for b, t, a in kept:
-                k = 1 - a
-                self.w, self.sb, self.sbb = k * self.w + a, k * self.sb + a * b, k * self.sbb + a * b * b
-                self.st, self.sbt = k * self.st + a * t, k * self.sbt + a * b * t
+            for x in kept:
+                self._accumulate(*x)
         self.first = []
+
+    def _accumulate(self, b: float, t: float, a: float) -> None:
+        k = 1 - a
+        self.w, self.sb, self.sbb = k * self.w + a, k * self.sb + a * b, k * self.sbb + a * b * b
+        self.st, self.sbt = k * self.st + a * t, k * self.sbt + a * b * t
 
     def spread(self) -> bool:
         """Whether the samples spread over enough batch sizes (sd >= 1/8 of the mean) to give a slope."""
@@ -254,13 +255,13 @@ class AutoGate:
         if cached is not None and self._samples[side] - cached[1] < LINE_EVERY:
             return cached[0]
         n = sw = sb = st = sbb = sbt = 0.0
-        lo = hi = None
+        lo, hi = float("inf"), 0.0  # the measured buckets' batch span
         for e in self.estimates.values():
             x = e[side]
             if x.n < self.config.warmup_steps or x.w <= 0:
                 continue
             b, t = x.sb / x.w, x.st / x.w
-            lo, hi = min(lo or b, b), max(hi or b, b)
+            lo, hi = min(lo, b), max(hi, b)
             wi = 1 / (t * t)
             n, sw, sb, st, sbb, sbt = n + 1, sw + wi, sb + wi * b, st + wi * t, sbb + wi * b * b, sbt + wi * b * t
         line = None
