@@ -99,11 +99,6 @@ def server_command(a, v: Variant, port: int, work: Path) -> tuple[list[str], dic
     return reference_command(settings, v, port)
 
 
-def request_length(a, i: int) -> int:
-    """Request i's output length: around --max-tokens, spread by --length-spread, the same for every variant."""
-    return spread_length(a.max_tokens, a.length_spread, i)
-
-
 async def phase(url, model, prompts, a, t_run, records, stop_at):
     """Closed loop until `stop_at` (seconds since t_run); completions are timed from t_run."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
@@ -112,7 +107,8 @@ async def phase(url, model, prompts, a, t_run, records, stop_at):
             i = w
             while time.perf_counter() - t_run < stop_at:
                 rec = RequestRecord("", a.concurrency, i)
-                await one_request(s, url, model, prompts[i % len(prompts)], request_length(a, i), True, rec, t_run)
+                await one_request(s, url, model, prompts[i % len(prompts)], spread_length(a.max_tokens, a.length_spread, i), True,
+                                  rec, t_run)  # fmt: skip
                 records.append(rec)
                 i += a.concurrency
 

@@ -370,19 +370,17 @@ class AutoGate:
             return  # the first step on a side carries the catch-up (or the switch): not typical
         name, cfg = "spec" if speculated else "plain", self.config
         est = self._est(running)
-        side = est[name]
+        side, alpha = est[name], self._alpha(probe)
         if side.n >= cfg.warmup_steps:
             expected = side.seconds(running)
             if seconds * cfg.outlier < expected:
                 # no step runs several times faster than it costs, so the estimate was carried by stalls:
-                # start it again from this step (otherwise only probes, at their budget, would wear it down)
-                est[name] = _Side(n=cfg.warmup_steps - 1)
-                est[name].add(running, seconds, 1.0)
-                self._samples[name] += 1
-                self._lines.pop(name, None)
-                return
-            seconds = min(seconds, cfg.outlier * expected)  # one stalled step must not carry the estimate for long
-        side.add(running, seconds, self._alpha(probe), cfg.warmup_steps)
+                # start it again from this step, still warm (otherwise only probes, at their budget, would wear it down)
+                side, alpha = _Side(n=cfg.warmup_steps - 1), 1.0
+                est[name] = side
+            else:
+                seconds = min(seconds, cfg.outlier * expected)  # one stalled step must not carry the estimate for long
+        side.add(running, seconds, alpha, cfg.warmup_steps)
         self._samples[name] += 1
         if side.n == cfg.warmup_steps:  # a bucket joins the line
             self._lines.pop(name, None)

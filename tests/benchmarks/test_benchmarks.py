@@ -295,9 +295,9 @@ def test_shift_request_lengths_vary_around_max_tokens_and_repeat_for_every_varia
     the auto server ran 626 prefills where gate_4's ran 269 for that reason alone."""
     shift = load("auto_shift")
     a = shift.parse_args(["--target", "t", "--drafter", "d", "--eval", "e.jsonl", "--max-tokens", "48"])
-    lengths = [shift.request_length(a, i) for i in range(400)]
-    assert lengths == [shift.request_length(a, i) for i in range(400)]
+    lengths = [shift.spread_length(a.max_tokens, a.length_spread, i) for i in range(400)]
+    assert lengths == [shift.spread_length(a.max_tokens, a.length_spread, i) for i in range(400)]
     assert min(lengths) >= 36 and max(lengths) <= 60 and len(set(lengths)) > 15
     assert abs(sum(lengths) / len(lengths) - 48) < 1.5
     fixed = shift.parse_args(["--target", "t", "--drafter", "d", "--eval", "e.jsonl", "--length-spread", "0"])
-    assert {shift.request_length(fixed, i) for i in range(50)} == {48}
+    assert {shift.spread_length(fixed.max_tokens, fixed.length_spread, i) for i in range(50)} == {48}
