@@ -79,6 +79,7 @@ REQ_POOL = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 INFO_KEY = "specgate_gate"  # the gate's counters in /server_info's internal_states
 LOG_EVERY = 2000  # decode steps between counter lines
+SLOW_FACTOR, MAX_STEP_NOTES = 4.0, 400  # note_time: a slow step, and the most lines it writes
 STATS_ENV = "SPECGATE_STATS_DIR"  # if set, rank 0 keeps its counters in a JSON file there
 
 # file (under sglang/srt) -> class -> member -> its parameter names, exactly (None: must exist)
@@ -372,6 +373,7 @@ class TrueOffGate:
         self.plain_steps = self.original_steps = self.sync_free_resolves = self.mirror_checks = 0
         self.released = self.trimmed_requests = self.trimmed_tokens = 0
         self.since_catchup = RESUMED_STEPS
+        self.fastest_step, self.step_notes = {}, 0  # (speculated, running) -> fastest step seen, for note_time
         # acceptance of speculative steps: [request-steps, tokens] just after a catch-up and otherwise
         self.accept = {"resumed": [0, 0], "steady": [0, 0]}
         stats_dir = os.environ.get(STATS_ENV)
@@ -443,6 +445,7 @@ class TrueOffGate:
         # the auto gate's step times: steps timed on the device, fed in once they have completed (the
         # tokens of a speculative step arrive in count_accepted)
         for running, speculated, probe, seconds in self.timer.finished():
+            self.note_time(running, speculated, seconds)
             self.gate.observe_time(running, speculated, seconds, probe=probe)
         before = self.gate.switches
         on = self.gate.decide(len(batch.reqs))
@@ -455,6 +458,21 @@ class TrueOffGate:
         out = self.decode_step(original, batch, on_publish, speculate)
         self.timer.end()
         return out
+
+    def note_time(self, running: int, speculated: bool, seconds: float | None) -> None:
+        """Log each side's first timed step at each batch size, and steps over SLOW_FACTOR x the fastest
+        seen there: a cost paid on first use (a kernel compiled, memory grown) shows in the server log
+        with its batch size and side, not only as a skew in the auto gate's estimates."""
+        if seconds is None:
+            return
+        key = (speculated, running)
+        fastest = self.fastest_step.get(key)
+        first, slow = fastest is None, fastest is not None and seconds > SLOW_FACTOR * fastest
+        if (first or slow) and self.step_notes < MAX_STEP_NOTES:
+            self.step_notes += 1
+            log.info("specgate step time: %s at batch %d, %.2f ms (%s)", "spec" if speculated else "plain", running,
+                     seconds * 1e3, "first timed" if first else f"{seconds / fastest:.1f}x the fastest")  # fmt: skip
+        self.fastest_step[key] = seconds if first else min(fastest, seconds)
 
     def decode_step(self, original, batch, on_publish, speculate: bool):
         slots_cpu = _slots_cpu(batch)

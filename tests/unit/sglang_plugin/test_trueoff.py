@@ -274,3 +274,21 @@ def test_the_auto_gate_in_sglang_times_each_decode_step_alone_and_counts_accepte
         if i == 2:
             n_spec = est["spec"].n  # the typical steps are in
     assert est["spec"].n == n_spec and est["spec"].seconds(4) == pytest.approx(0.030)
+
+
+def test_first_and_slow_step_times_reach_the_log(caplog):
+    """A cost paid once (a first use) is logged with its side and batch size; ordinary steps are not."""
+    g = TrueOffGate.__new__(TrueOffGate)
+    g.init_state({"disable_at": 4}, pool=8, aux_dim=2, dtype=torch.float32, device="cpu")
+    with caplog.at_level("INFO", logger="specgate.gate"):
+        for seconds in (0.180, 0.007, 0.008, 0.007):
+            g.note_time(1, True, seconds)
+        g.note_time(1, False, 0.005)
+        g.note_time(1, True, None)  # an untimed step (a catch-up) says nothing
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["specgate step time: spec at batch 1, 180.00 ms (first timed)",
+                     "specgate step time: plain at batch 1, 5.00 ms (first timed)"]  # fmt: skip
+    g.note_time(1, True, 0.030)  # over 4x the fastest (7 ms)
+    with caplog.at_level("INFO", logger="specgate.gate"):
+        g.note_time(1, True, 0.030)
+    assert caplog.records[-1].getMessage() == "specgate step time: spec at batch 1, 30.00 ms (4.3x the fastest)"
