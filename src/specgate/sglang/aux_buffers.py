@@ -118,14 +118,16 @@ class AuxBuffers:
     def pending(self, slots_cpu: np.ndarray) -> bool:
         return bool(self.n_cpu[slots_cpu].any())
 
-    def plan(self, slots_cpu: np.ndarray, seq_lens_cpu: np.ndarray, full_only: bool = False) -> CatchUp | None:
-        """The rows whose draft KV is behind (or, with full_only, whose buffer is full)."""
-        n = self.n_cpu[slots_cpu]
-        mask = n >= self.window if full_only else n > 0
-        sel = np.nonzero(mask)[0]
+    def full(self, slots_cpu: np.ndarray) -> bool:
+        """Whether any of these rows has filled its buffer (time for a flush)."""
+        return bool((self.n_cpu[slots_cpu] >= self.window).any())
+
+    def plan(self, slots_cpu: np.ndarray, seq_lens_cpu: np.ndarray) -> CatchUp | None:
+        """The rows whose draft KV is behind: every row with buffered tokens."""
+        sel = np.nonzero(self.n_cpu[slots_cpu] > 0)[0]
         if sel.size == 0:
             return None
-        counts = n[sel]
+        counts = self.n_cpu[slots_cpu][sel]
         seq = np.asarray(seq_lens_cpu, dtype=np.int64)[sel]
         if (seq < counts).any():
             raise RuntimeError(f"true-off buffer holds more tokens than the request has: n={counts}, S={seq}")

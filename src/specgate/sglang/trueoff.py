@@ -12,8 +12,8 @@ gate is off, this module runs the step the way a no-speculation server does inst
 
 When the gate turns back on, one batched draft extend over each request's buffered tokens
 (SGLang's own `_draft_extend_for_prefill`) writes the draft KV the off steps skipped and
-yields the draft state that drafting resumes from. A buffer that fills up (W tokens) is
-flushed the same way while off. Requests admitted while off get their draft KV from the
+yields the draft state that drafting resumes from. While off, once any request's buffer
+fills up (W tokens), every buffer in the batch is flushed the same way. Requests admitted while off get their draft KV from the
 prefill, as always.
 
 The hooks (AROUND each; no SGLang file edited):
@@ -478,7 +478,7 @@ class TrueOffGate:
         slots_cpu = _slots_cpu(batch)
         if speculate:
             if self.buffers.pending(slots_cpu):
-                self.catch_up(batch, slots_cpu, full_only=False)
+                self.catch_up(batch, slots_cpu, resume=True)
                 self.timer.untypical()  # its time is the catch-up's as much as the step's
                 self.since_catchup = 0
             self.original_steps += 1
@@ -487,8 +487,12 @@ class TrueOffGate:
             out._specgate_resumed = self.since_catchup < RESUMED_STEPS  # read back when the result is processed
             self.since_catchup += 1
             return out
-        if (self.buffers.n_cpu[slots_cpu] >= self.buffers.window).any():
-            self.catch_up(batch, slots_cpu, full_only=True)
+        if self.buffers.full(slots_cpu):
+            # a flush: every row with buffered tokens, not only the full ones. A draft extend costs
+            # about the same for one row as for the batch, and requests that arrive one by one fill
+            # their buffers on different steps: flushing only the full rows ran one extend every few
+            # steps at batch 128, flushing all runs at most one per window.
+            self.catch_up(batch, slots_cpu, resume=False)
             self.timer.untypical()
             self.flushes += 1
         self.plain_steps += 1
@@ -557,12 +561,13 @@ class TrueOffGate:
         result._specgate_off = True  # the scheduler's per-request metrics leave this step out
         return result
 
-    def catch_up(self, batch, slots_cpu, full_only: bool) -> None:
-        """One draft extend over the buffered tokens of the rows behind; fixes their draft state."""
+    def catch_up(self, batch, slots_cpu, resume: bool) -> None:
+        """One draft extend over the buffered tokens of the rows behind. resume: drafting starts from
+        these rows' fresh draft state (a flush while off discards it)."""
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative import eagle_worker_v2 as ew2
 
-        plan = self.buffers.plan(slots_cpu, self.host_seq_lens(batch, slots_cpu), full_only=full_only)
+        plan = self.buffers.plan(slots_cpu, self.host_seq_lens(batch, slots_cpu))
         if plan is None:
             return
         device = batch.seq_lens.device
@@ -602,7 +607,7 @@ class TrueOffGate:
         ):
             nxt = batch.spec_info.bonus_tokens[sel]
             fresh = draft_worker._draft_extend_for_prefill(sub, aux, nxt)
-        if not full_only:  # drafting resumes from these rows' state
+        if resume:  # drafting resumes from these rows' state
             spec = batch.spec_info
             spec.topk_p[sel] = fresh.topk_p.to(spec.topk_p.dtype)
             spec.topk_index[sel] = fresh.topk_index.to(spec.topk_index.dtype)

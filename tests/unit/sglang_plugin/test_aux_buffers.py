@@ -65,8 +65,8 @@ def test_full_rows_and_reset():
         buf.append(np.array([2]), torch.tensor([7]), torch.ones(1, 1))
     buf.append(np.array([0]), torch.tensor([7]), torch.ones(1, 1))
     slots, seq = np.array([0, 2]), np.array([5, 9])
-    assert buf.plan(slots, seq, full_only=True).slots.tolist() == [2]
-    assert buf.plan(slots, seq).slots.tolist() == [0, 2]
+    assert buf.full(slots) and not buf.full(np.array([0]))
+    assert buf.plan(slots, seq).slots.tolist() == [0, 2]  # a flush takes every row with buffered tokens
     buf.reset(np.array([2, 0]))
     assert buf.plan(slots, seq) is None and not buf.pending(slots)
     assert sorted(buf.free_rows) == list(range(buf.rows)) and (buf.row_of == -1).all()

@@ -47,9 +47,9 @@ def gate():
         g.calls.append(("plain", len(batch.reqs)))
         return SimpleNamespace(kind="plain")
 
-    def catch_up(batch, slots_cpu, full_only):
-        plan = g.buffers.plan(slots_cpu, batch.seq_lens_cpu.numpy(), full_only=full_only)
-        g.calls.append(("flush" if full_only else "catch_up", plan.slots.tolist() if plan else []))
+    def catch_up(batch, slots_cpu, resume):
+        plan = g.buffers.plan(slots_cpu, batch.seq_lens_cpu.numpy())
+        g.calls.append(("catch_up" if resume else "flush", plan.slots.tolist() if plan else []))
         if plan is not None:
             g.buffers.reset(plan.slots)
 
@@ -87,6 +87,28 @@ def test_paths_catch_up_flush_and_mirror(gate):
     assert gate.buffers.n_cpu[[4, 5]].tolist() == [1, 1]  # not in this batch: caught up when next seen
     c = gate.counters()
     assert (c["plain_steps"], c["original_steps"], c["switches"]) == (4, 2, 2)
+
+
+def test_a_flush_takes_every_buffered_row_so_staggered_requests_share_it(gate):
+    """Requests that arrive one by one fill their buffers (3 tokens here) on different steps: one
+    flush empties them all, and the next comes only when a buffer fills again."""
+    running, lens = [], {}
+
+    def step(join=()):
+        if join:
+            gate.forward(original, make_batch(list(join), [10] * len(join), extend=True), None)
+            running.extend(join)
+            lens.update({s: 10 for s in join})
+        assert gate.forward(original, make_batch(running, [lens[s] for s in running]), None).kind == "plain"
+        for s in running:
+            lens[s] += 1
+
+    for join in ((0, 1, 2, 3), (4,), (5,), (6,), (7,), (), ()):  # >= 4 running: every step is off
+        step(join)
+    # rows 0-3 fill first; the flush also takes rows 4 and 5 (2 and 1 tokens), and the next flush
+    # waits until a buffer fills again. Flushing full rows alone: 0-3, then 4, 5, 6 and 7 one by one.
+    assert [c[1] for c in gate.calls if c[0] == "flush"] == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 7]]
+    assert gate.buffers.n_cpu[running].tolist() == [1] * 8
 
 
 def test_batches_with_logprobs_grammars_or_hidden_states_take_the_off_step_too(gate):
