@@ -241,16 +241,26 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     best = max(fixed, key=lambda g: decision.envelope[g][0]) if fixed else None
     thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
     auto = summary[summary.variant == "auto"].set_index("concurrency")
+    def count(c, key):  # summed over rounds; "-" where the server does not report it
+        v = auto.at[c, key] if key in auto else np.nan
+        return "-" if pd.isna(v) else f"{int(v):,}"
+
     rows = []
     for c in sorted(auto.index):
         t = auto.at[c, "auto_threshold"] if "auto_threshold" in auto else np.nan
+        on, off = count(c, "gate_steps_on"), count(c, "gate_steps_off")
+        steps = "-" if "-" in (on, off) else f"{on} of {int(auto.at[c, 'gate_steps_on'] + auto.at[c, 'gate_steps_off']):,}"
         rows.append([c, "none (speculates at every batch)" if pd.isna(t) else int(t), _fmt(thr.at[c, "auto"]),
-                     _fmt(thr.at[c, "auto"] / thr.at[c, best], 3) if best else "-"])  # fmt: skip
+                     _fmt(thr.at[c, "auto"] / thr.at[c, best], 3) if best else "-", steps,
+                     count(c, "gate_switches"), count(c, "gate_probes"), count(c, "gate_flushes")])  # fmt: skip
     lines = ["No sweep beforehand: the auto gate measures its own plain and speculative step times per batch-size "
              "bucket and the accept length, and speculates where that pays (`docs/design/auto-gate.md`). The "
              "threshold it settled on is the smallest batch at which it would stop speculating, read from the server "
-             "at the end of each level (median over rounds).", "",
-             _table(["concurrency", "threshold settled", "auto tok/s", f"÷ {best}" if best else "÷ best fixed"], rows)]
+             "at the end of each level (median over rounds). Decode steps speculated, switches, probes (each a few "
+             "steps on the side the gate is not on) and true-off buffer flushes are the level's, summed over rounds.",
+             "",
+             _table(["concurrency", "threshold settled", "auto tok/s", f"÷ {best}" if best else "÷ best fixed",
+                     "steps speculated", "switches", "probes", "flushes"], rows)]  # fmt: skip
     if best:
         ratio = decision.envelope["auto"][0] / decision.envelope[best][0]
         lines += ["", f"Envelope efficiency: auto {decision.envelope['auto'][0]:.3f}, the best fixed threshold ({best}) "

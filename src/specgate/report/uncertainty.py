@@ -47,6 +47,7 @@ def aggregate_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
     """One row per variant and level: the median over rounds of every measured column; counts summed."""
     keys = ["variant", "concurrency"]
     summed = ["completed", "failed", "total_output_tokens", "duration", "gate_steps_on", "gate_steps_off",
+              "gate_switches", "gate_probes", "gate_flushes",
               "spec_verify", "spec_accepted", "spec_verify_resumed", "spec_accepted_resumed"]
     first = ["engine", "server_version", "disable_at", "enable_at", "gate_mode", "accept_length_source"]
     numeric = [c for c in rounds.columns if c not in keys + summed + first + ["round", "errors"]

@@ -102,12 +102,20 @@ def test_the_auto_variant_is_reported_beside_the_fixed_thresholds_and_never_pick
              "auto": [149, 226, 296, 392]}  # fmt: skip
     rounds, records = synthetic(truth, 0.01)
     rounds["auto_threshold"] = np.where(rounds.variant == "auto", 4.0, np.nan)
+    is_auto = rounds.variant == "auto"
+    rounds["gate_steps_on"] = np.where(is_auto, 30.0, np.nan)
+    rounds["gate_steps_off"] = np.where(is_auto, 10.0, np.nan)
+    rounds["gate_probes"] = np.where(is_auto, 1.0, np.nan)
+    rounds["gate_switches"] = np.where(is_auto, 2.0, np.nan)  # no flushes: a server that does not report them
     boot = un.bootstrap_levels(rounds, records)
     levels = un.intervals(un.aggregate_rounds(rounds), boot)
     decision = un.decide(levels, boot)
     assert decision.pick == "gate_2" and "auto" in decision.envelope
     text = auto_gate_section(levels, decision)
     assert "| 1 | 4 |" in text and "÷ gate_2" in text
+    rounds_n = int(rounds["round"].nunique())  # counts are summed over rounds
+    row = next(line for line in text.splitlines() if line.startswith("| 1 | 4 |")).split(" | ")
+    assert row[4:] == [f"{30 * rounds_n} of {40 * rounds_n}", str(2 * rounds_n), str(rounds_n), "- |"]
     ratio = float(text.split("ratio **")[1].split("**")[0])
     assert ratio == pytest.approx(decision.envelope["auto"][0] / decision.envelope["gate_2"][0], abs=1e-3)
     assert 0.97 < ratio < 1.0

@@ -42,6 +42,9 @@ def test_levels_record_every_request_and_summarise_like_bench_serving(server):  
     # off for most steps at concurrency 4
     assert rows[0]["accept_length"] > 1.0 and rows[0]["gate_steps_off"] == 0
     assert rows[1]["gate_steps_off"] > rows[1]["gate_steps_on"]
+    # the level's own switches; a fixed gate has no probes, and the reference engine no true-off flushes
+    assert rows[0]["gate_switches"] == 0 and rows[1]["gate_switches"] >= 1
+    assert rows[1]["gate_probes"] is None and rows[1]["gate_flushes"] is None
 
 
 def test_a_prime_burst_switches_the_gate_off_and_on_before_the_levels(server):  # noqa: F811
