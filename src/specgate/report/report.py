@@ -241,15 +241,17 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     best = max(fixed, key=lambda g: decision.envelope[g][0]) if fixed else None
     thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
     auto = summary[summary.variant == "auto"].set_index("concurrency")
-    def count(c, key):  # summed over rounds; "-" where the server does not report it
-        v = auto.at[c, key] if key in auto else np.nan
-        return "-" if pd.isna(v) else f"{int(v):,}"
+
+    def value(c, key):  # counts are summed over rounds; NaN where the server does not report one
+        return auto.at[c, key] if key in auto else np.nan
+
+    def count(c, key):
+        return "-" if pd.isna(value(c, key)) else f"{int(value(c, key)):,}"
 
     rows = []
     for c in sorted(auto.index):
-        t = auto.at[c, "auto_threshold"] if "auto_threshold" in auto else np.nan
-        on, off = count(c, "gate_steps_on"), count(c, "gate_steps_off")
-        steps = "-" if "-" in (on, off) else f"{on} of {int(auto.at[c, 'gate_steps_on'] + auto.at[c, 'gate_steps_off']):,}"
+        t, on, off = value(c, "auto_threshold"), value(c, "gate_steps_on"), value(c, "gate_steps_off")
+        steps = "-" if pd.isna(on) or pd.isna(off) else f"{int(on):,} of {int(on + off):,}"
         rows.append([c, "none (speculates at every batch)" if pd.isna(t) else int(t), _fmt(thr.at[c, "auto"]),
                      _fmt(thr.at[c, "auto"] / thr.at[c, best], 3) if best else "-", steps,
                      count(c, "gate_switches"), count(c, "gate_probes"), count(c, "gate_flushes")])  # fmt: skip

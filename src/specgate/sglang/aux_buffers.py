@@ -124,10 +124,11 @@ class AuxBuffers:
 
     def plan(self, slots_cpu: np.ndarray, seq_lens_cpu: np.ndarray) -> CatchUp | None:
         """The rows whose draft KV is behind: every row with buffered tokens."""
-        sel = np.nonzero(self.n_cpu[slots_cpu] > 0)[0]
+        n = self.n_cpu[slots_cpu]
+        sel = np.nonzero(n > 0)[0]
         if sel.size == 0:
             return None
-        counts = self.n_cpu[slots_cpu][sel]
+        counts = n[sel]
         seq = np.asarray(seq_lens_cpu, dtype=np.int64)[sel]
         if (seq < counts).any():
             raise RuntimeError(f"true-off buffer holds more tokens than the request has: n={counts}, S={seq}")

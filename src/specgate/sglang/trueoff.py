@@ -13,8 +13,8 @@ gate is off, this module runs the step the way a no-speculation server does inst
 When the gate turns back on, one batched draft extend over each request's buffered tokens
 (SGLang's own `_draft_extend_for_prefill`) writes the draft KV the off steps skipped and
 yields the draft state that drafting resumes from. While off, once any request's buffer
-fills up (W tokens), every buffer in the batch is flushed the same way. Requests admitted while off get their draft KV from the
-prefill, as always.
+fills up (W tokens), every buffer in the batch is flushed the same way. Requests admitted
+while off get their draft KV from the prefill, as always.
 
 The hooks (AROUND each; no SGLang file edited):
   EAGLEWorkerV2.init_cuda_graphs             build the decode graph, backend and buffers
@@ -488,10 +488,10 @@ class TrueOffGate:
             self.since_catchup += 1
             return out
         if self.buffers.full(slots_cpu):
-            # a flush: every row with buffered tokens, not only the full ones. A draft extend costs
-            # about the same for one row as for the batch, and requests that arrive one by one fill
-            # their buffers on different steps: flushing only the full rows ran one extend every few
-            # steps at batch 128, flushing all runs at most one per window.
+            # a flush: every row with buffered tokens, not only the full ones. It is one eager draft
+            # forward, whose launch cost does not grow with its rows, and requests that arrive one by
+            # one fill their buffers on different steps: flushing only the full rows ran an extend
+            # every few steps at batch 128; flushing all runs at most one per window.
             self.catch_up(batch, slots_cpu, resume=False)
             self.timer.untypical()
             self.flushes += 1
