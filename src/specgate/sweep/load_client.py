@@ -243,10 +243,9 @@ async def sweep_levels(url: str, model: str, prompts: list[list[dict]], levels: 
         row = summarize(records, duration, variant, c)
         row["accept_length"], row["accept_length_source"] = accept_length(before, after)
         gate, gate_before = gate_counters(after), gate_counters(before)
-        row["gate_steps_on"] = gate.get("steps_on", 0) - gate_before.get("steps_on", 0) if gate else None
-        row["gate_steps_off"] = gate.get("steps_off", 0) - gate_before.get("steps_off", 0) if gate else None
         row["auto_threshold"] = settled_threshold(gate)
-        for key in ("switches", "probes", "flushes"):  # probes: the auto gate's; flushes: SGLang's true-off buffers
+        # the level's own counts; probes are the auto gate's, flushes SGLang's true-off buffers'
+        for key in ("steps_on", "steps_off", "switches", "probes", "flushes"):
             row[f"gate_{key}"] = gate[key] - gate_before.get(key, 0) if key in gate else None
         counts, counts_before = spec_counts(after), spec_counts(before) or {}
         for key in ("verify", "accepted", "verify_resumed", "accepted_resumed"):  # this level's, for the report
