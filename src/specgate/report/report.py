@@ -235,38 +235,61 @@ def gate_off_comparison(summary: pd.DataFrame) -> str | None:
     return _table(["threshold", "concurrency", "no-spec tok/s", "true-off gate ÷ no-spec", "SGLang steps=0 ÷ no-spec"], rows)
 
 
+SAME_DECISIONS = 0.02  # shares of decode steps speculated this close count as the same decisions
+
+
 def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     """Where the auto gate settled at each level, and how its throughput compares with the fixed thresholds'."""
     fixed = [g for g in decision.envelope if g.startswith("gate_")]
     best = max(fixed, key=lambda g: decision.envelope[g][0]) if fixed else None
     thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
-    auto = summary[summary.variant == "auto"].set_index("concurrency")
+    by_variant = {v: summary[summary.variant == v].set_index("concurrency") for v in ("auto", best) if v}
 
-    def value(c, key):  # counts are summed over rounds; NaN where the server does not report one
-        return auto.at[c, key] if key in auto else np.nan
+    def value(c, key, variant="auto"):  # counts are summed over rounds; NaN where the server does not report one
+        table = by_variant[variant]
+        return table.at[c, key] if key in table and c in table.index else np.nan
 
     def count(c, key):
         return "-" if pd.isna(value(c, key)) else f"{int(value(c, key)):,}"
 
-    rows = []
-    for c in sorted(auto.index):
-        t, on, off = value(c, "auto_threshold"), value(c, "gate_steps_on"), value(c, "gate_steps_off")
-        steps = "-" if pd.isna(on) or pd.isna(off) else f"{int(on):,} of {int(on + off):,}"
+    def speculated(c, variant):  # (text, share of decode steps speculated)
+        on, off = value(c, "gate_steps_on", variant), value(c, "gate_steps_off", variant)
+        if pd.isna(on) or pd.isna(off) or on + off == 0:
+            return "-", np.nan
+        return f"{int(on):,} of {int(on + off):,}", on / (on + off)
+
+    rows, agree = [], []
+    for c in sorted(by_variant["auto"].index):
+        t = value(c, "auto_threshold")
+        (steps, share), (best_steps, best_share) = speculated(c, "auto"), speculated(c, best) if best else ("-", np.nan)
+        ratio = thr.at[c, "auto"] / thr.at[c, best] if best else np.nan
+        if abs(share - best_share) <= SAME_DECISIONS:
+            agree.append((c, ratio))
         rows.append([c, "none (speculates at every batch)" if pd.isna(t) else int(t), _fmt(thr.at[c, "auto"]),
-                     _fmt(thr.at[c, "auto"] / thr.at[c, best], 3) if best else "-", steps,
-                     count(c, "gate_switches"), count(c, "gate_probes"), count(c, "gate_flushes")])  # fmt: skip
+                     _fmt(ratio, 3), steps, best_steps, count(c, "gate_switches"), count(c, "gate_probes"),
+                     count(c, "gate_flushes")])  # fmt: skip
     lines = ["No sweep beforehand: the auto gate measures its own plain and speculative step times per batch-size "
              "bucket and the accept length, and speculates where that pays (`docs/design/auto-gate.md`). The "
              "threshold it settled on is the smallest batch at which it would stop speculating, read from the server "
-             "at the end of each level (median over rounds). Decode steps speculated, switches, probes (each a few "
-             "steps on the side the gate is not on) and true-off buffer flushes are the level's, summed over rounds.",
+             "at the end of each level (median over rounds). Decode steps speculated (auto's, and beside them the "
+             "best fixed threshold's), switches, probes (each a few steps on the side the gate is not on) and "
+             "true-off buffer flushes are the level's, summed over rounds.",
              "",
              _table(["concurrency", "threshold settled", "auto tok/s", f"÷ {best}" if best else "÷ best fixed",
-                     "steps speculated", "switches", "probes", "flushes"], rows)]  # fmt: skip
+                     "steps speculated", f"{best} speculated" if best else "best fixed speculated", "switches",
+                     "probes", "flushes"], rows)]  # fmt: skip
     if best:
         ratio = decision.envelope["auto"][0] / decision.envelope[best][0]
         lines += ["", f"Envelope efficiency: auto {decision.envelope['auto'][0]:.3f}, the best fixed threshold ({best}) "
                       f"{decision.envelope[best][0]:.3f}; ratio **{ratio:.3f}**."]  # fmt: skip
+        if agree:
+            # two servers that speculate on the same steps do the same work per step, so what separates their
+            # throughput there is the spread of servers measured one after another: the yardstick for the ratio
+            ratios = [r for _, r in agree]
+            lines[-1] += (f" At concurrency {', '.join(str(c) for c, _ in agree)} auto speculated on a share of "
+                          f"decode steps within {SAME_DECISIONS * 100:.0f} points of {best}'s: there the two made nearly "
+                          f"the same decisions, and auto ÷ {best} ran {min(ratios):.3f}–{max(ratios):.3f}, the "
+                          "spread of servers measured one after another.")  # fmt: skip
     return "\n".join(lines)
 
 

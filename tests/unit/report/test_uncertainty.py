@@ -103,8 +103,10 @@ def test_the_auto_variant_is_reported_beside_the_fixed_thresholds_and_never_pick
     rounds, records = synthetic(truth, 0.01)
     rounds["auto_threshold"] = np.where(rounds.variant == "auto", 4.0, np.nan)
     is_auto = rounds.variant == "auto"
-    rounds["gate_steps_on"] = np.where(is_auto, 30.0, np.nan)
-    rounds["gate_steps_off"] = np.where(is_auto, 10.0, np.nan)
+    # gate_2 speculates on the same share of steps as auto at every level but the first
+    best_on = np.where(rounds.concurrency == 1, 20.0, 30.0)
+    rounds["gate_steps_on"] = np.where(is_auto, 30.0, np.where(rounds.variant == "gate_2", best_on, np.nan))
+    rounds["gate_steps_off"] = np.where(is_auto, 10.0, np.where(rounds.variant == "gate_2", 40.0 - best_on, np.nan))
     rounds["gate_probes"] = np.where(is_auto, 1.0, np.nan)
     rounds["gate_switches"] = np.where(is_auto, 2.0, np.nan)  # no flushes: a server that does not report them
     boot = un.bootstrap_levels(rounds, records)
@@ -115,10 +117,16 @@ def test_the_auto_variant_is_reported_beside_the_fixed_thresholds_and_never_pick
     assert "| 1 | 4 |" in text and "÷ gate_2" in text
     rounds_n = int(rounds["round"].nunique())  # counts are summed over rounds
     row = next(line for line in text.splitlines() if line.startswith("| 1 | 4 |")).split(" | ")
-    assert row[4:] == [f"{30 * rounds_n} of {40 * rounds_n}", str(2 * rounds_n), str(rounds_n), "- |"]
+    both = f"{30 * rounds_n} of {40 * rounds_n}"
+    assert row[4:] == [both, f"{20 * rounds_n} of {40 * rounds_n}", str(2 * rounds_n), str(rounds_n), "- |"]
     ratio = float(text.split("ratio **")[1].split("**")[0])
     assert ratio == pytest.approx(decision.envelope["auto"][0] / decision.envelope["gate_2"][0], abs=1e-3)
     assert 0.97 < ratio < 1.0
+    # the levels where both speculated alike give the spread of servers run one after another
+    t = levels.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    alike = (t.auto / t.gate_2).loc[list(LEVELS[1:])]
+    assert f"At concurrency {', '.join(map(str, LEVELS[1:]))} auto speculated" in text
+    assert f"ran {alike.min():.3f}–{alike.max():.3f}" in text
 
 
 def test_one_slow_round_leaves_the_median_inside_its_interval():
