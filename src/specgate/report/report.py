@@ -246,8 +246,8 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     by_variant = {v: summary[summary.variant == v].set_index("concurrency") for v in ("auto", best) if v}
 
     def value(c, key, variant="auto"):  # counts are summed over rounds; NaN where the server does not report one
-        table = by_variant[variant]
-        return table.at[c, key] if key in table and c in table.index else np.nan
+        table = by_variant.get(variant)
+        return table.at[c, key] if table is not None and key in table and c in table.index else np.nan
 
     def count(c, key):
         return "-" if pd.isna(value(c, key)) else f"{int(value(c, key)):,}"
@@ -261,7 +261,7 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     rows, agree = [], []
     for c in sorted(by_variant["auto"].index):
         t = value(c, "auto_threshold")
-        (steps, share), (best_steps, best_share) = speculated(c, "auto"), speculated(c, best) if best else ("-", np.nan)
+        (steps, share), (best_steps, best_share) = speculated(c, "auto"), speculated(c, best)
         ratio = thr.at[c, "auto"] / thr.at[c, best] if best else np.nan
         if abs(share - best_share) <= SAME_DECISIONS:
             agree.append((c, ratio))
