@@ -65,7 +65,8 @@ def _serve(args) -> int:
         gate = AutoConfig(margin=args.auto_margin, probe_every=args.auto_probe_every, seed=seed, **dwell)
     else:
         gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps or 0)
-    engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len, args.device, args.dtype))
+    engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len,
+                                 args.device, args.dtype, args.gate_control))  # fmt: skip
     serve(engine, args.host, args.port, args.served_model_name)
     return 0
 
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--auto-margin", type=float, default=0.03, help="auto gate: hysteresis on the measured gain")
     p.add_argument("--auto-probe-every", type=int, default=200, help="auto gate: steps between probes of the other side")
     p.add_argument("--auto-seed", help="auto gate: start from a sweep's costs (results/report/recommendation.json)")
+    p.add_argument("--gate-control", help="a JSON file whose changes switch the gate at run time (specgate.gate_control)")
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--max-len", type=int, default=2048, help="tokens per request (prompt + output)")
     p.add_argument("--device", default="cpu")

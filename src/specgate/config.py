@@ -87,6 +87,13 @@ def _semantic_checks(config: dict) -> list[str]:
     if bench["auto"] and config["serve"]["engine"] == "sglang" and config["serve"]["tp"] > 1:
         errors.append("config key 'bench.auto': the auto gate needs serve.tp 1 (each tensor-parallel rank would "
                       "time its own steps and decide alone)")
+    if bench["design"] == "switched":
+        if bench["steps0_thresholds"]:
+            errors.append("config key 'bench.steps0_thresholds': SGLang's 0-step path cannot be switched at run time; "
+                          "set bench.design: paired to sweep it")  # fmt: skip
+        if config["serve"]["engine"] == "sglang" and config["serve"]["tp"] > 1:
+            errors.append("config key 'bench.design': switched needs serve.tp 1 (each tensor-parallel rank would "
+                          "read the switch at a different step); set bench.design: paired")  # fmt: skip
     if bench["concurrency"] != sorted(set(bench["concurrency"])):
         errors.append("config key 'bench.concurrency': levels must be distinct and increasing")
     if max(bench["concurrency"]) > config["serve"]["max_running"]:

@@ -1,7 +1,8 @@
-# The threshold sweep: one job per server variant and round, each running every concurrency
-# level once. Round r of every variant runs before round r+1 of any (round_priority).
-# Jobs never overlap: on CPU each takes every core, and bench_slot=1 (profiles/default)
-# keeps GPU runs apart too.
+# The threshold sweep, per round: one job for every variant ("all", bench.design switched: one
+# speculative server whose gate is switched between blocks, beside one no-spec server), or one job
+# per variant (paired: each with a no-spec server of its own). Round r of every job runs before
+# round r+1 of any (round_priority). Jobs never overlap: on CPU each takes every core, and
+# bench_slot=1 (profiles/default) keeps GPU runs apart too.
 rule bench:
     input:
         unpack(bench_inputs),
@@ -14,7 +15,7 @@ rule bench:
     benchmark:
         paths.stage_times("bench_{variant}.round{round}")
     wildcard_constraints:
-        variant="nospec|always|auto|gate_[0-9]+(_[0-9]+)?|steps0_[0-9]+",
+        variant="all|nospec|always|auto|gate_[0-9]+(_[0-9]+)?|steps0_[0-9]+",
         round="[0-9]+",
     priority: round_priority
     conda:

@@ -72,26 +72,27 @@ def report_inputs(wildcards):
 
 def sweep_variants():
     """nospec, always, auto (bench.auto), gate_T per threshold, gate_D_E per hysteresis pair, steps0_T."""
-    from specgate.sweep.launcher import variants
+    from specgate.sweep.bench import sweep_variants as variants
 
-    bench = config["bench"]
-    return [
-        v.name
-        for v in variants(
-            bench["thresholds"],
-            bench["hysteresis"],
-            bench["steps0_thresholds"],
-            bench["auto"],
-        )
-    ]
+    return [v.name for v in variants(config["bench"])]
+
+
+def bench_jobs():
+    """The sweep's jobs per round: one for every variant (design paired), or one for all (switched)."""
+    from specgate.sweep.bench import SWITCHED
+
+    return [SWITCHED] if config["bench"]["design"] == "switched" else sweep_variants()
 
 
 def variant_params(wildcards):
-    """What defines one variant's server. Only this, not the other variants, reruns its job."""
+    """What defines the job's servers: one variant's (paired), so only its own job reruns, or every
+    variant's (switched: they share one server's turns)."""
     from dataclasses import asdict
 
-    from specgate.sweep.bench import variant_by_name
+    from specgate.sweep.bench import SWITCHED, sweep_variants, variant_by_name
 
+    if wildcards.variant == SWITCHED:
+        return [canonical(asdict(v)) for v in sweep_variants(config["bench"])]
     return canonical(asdict(variant_by_name(wildcards.variant, config["bench"])))
 
 
@@ -101,7 +102,7 @@ def level_params():
     return {
         k: v
         for k, v in config["bench"].items()
-        if k not in ("thresholds", "hysteresis", "steps0_thresholds", "rounds")
+        if k not in ("thresholds", "hysteresis", "steps0_thresholds", "auto", "rounds")
     }
 
 
@@ -132,7 +133,7 @@ def bench_summaries(wildcards=None):
     return [
         paths.bench_summary(v, r)
         for r in range(config["bench"]["rounds"])
-        for v in sweep_variants()
+        for v in bench_jobs()
     ]
 
 
@@ -140,7 +141,7 @@ def bench_records(wildcards=None):
     return [
         paths.bench_records(v, r)
         for r in range(config["bench"]["rounds"])
-        for v in sweep_variants()
+        for v in bench_jobs()
     ]
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specgate.gate import RESUMED_STEPS, AutoConfig, AutoGate, Gate, GateConfig
+from specgate.gate_control import GateControl
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder, load_drafter
 
@@ -42,6 +43,7 @@ class EngineConfig:
     max_len: int = 2048
     device: str = "cpu"
     dtype: str = "auto"  # "auto" = the checkpoint's dtype; "float32" for bit-exact greedy checks
+    gate_control: str | None = None  # a file whose changes switch the gate at run time (specgate.gate_control)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Job:
     on_done: Callable[[str | None, str | None], None]  # (finish_reason, error)
     submitted: float = field(default_factory=time.perf_counter)
     delivered: int = 0
+    cancelled: bool = False  # its client went away: retired at the next step, its slot freed
 
 
 class Engine:
@@ -72,6 +75,7 @@ class Engine:
         self.decoder = SpecDecoder(LlamaRunner(model, aux), drafter, slots=cfg.max_running, max_len=cfg.max_len)
         self.speculative = drafter is not None
         self.gate = AutoGate(cfg.gate) if isinstance(cfg.gate, AutoConfig) else Gate(cfg.gate)
+        self.control = GateControl(cfg.gate_control, self.gate) if cfg.gate_control else None
         self._waiting: queue.Queue[Job] = queue.Queue()
         self._running: list[Job] = []
         # Free slots as a min-heap, and the running batch kept in slot order: under a steady load the batch
@@ -86,6 +90,8 @@ class Engine:
         self.resumed = [0, 0]  # verify steps, accepted tokens within RESUMED_STEPS after an off step
         self.since_off = None  # speculative steps since the last off step; None: never off
         self.steps = deque(maxlen=20000)  # (mode, batch, tokens_out, seconds): data for the cost model
+        # cumulative [steps, rows, tokens, seconds] by side: the server's own step cost, read per block
+        self.step_counters = {"plain": [0, 0, 0, 0.0], "spec": [0, 0, 0, 0.0]}
         self._thread = threading.Thread(target=self._loop, name="specgate-engine", daemon=True)
         self._thread.start()
 
@@ -101,6 +107,10 @@ class Engine:
         self._waiting.put(job)
         return job
 
+    def cancel(self, job: Job) -> None:
+        """Stop decoding for a request whose client has gone; the engine thread retires it."""
+        job.cancelled = True
+
     def stats(self) -> dict:
         return {
             "avg_spec_accept_length": self.accepted_tokens / self.verify_steps if self.verify_steps else None,
@@ -112,7 +122,8 @@ class Engine:
             "waiting": self._waiting.qsize(),
             "speculative": self.speculative,
             "num_steps": self.cfg.num_steps if self.speculative else 0,
-            "gate": self.gate.counters(),
+            "gate": self.gate.counters() | ({"control_generation": self.control.generation} if self.control else {}),
+            "step_counters": {k: list(v) for k, v in self.step_counters.items()},
         }
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -142,6 +153,9 @@ class Engine:
                 return
             if job is None:
                 return
+            if job.cancelled:
+                job.on_done("abort", None)
+                continue
             block = False
             job.request.slot = heapq.heappop(self._free)
             try:
@@ -165,6 +179,8 @@ class Engine:
         with torch.inference_mode():
             while not self._closed.is_set():
                 try:
+                    if self.control is not None:  # between steps: a switch never splits one
+                        self.gate = self.control.poll()
                     self._admit()
                     self._retire()
                     if not self._running:
@@ -185,7 +201,10 @@ class Engine:
                         self.decoder.plain_step(reqs, sync_draft=False)
                         self.since_off = 0
                     made, seconds = sum(len(r.output) for r in reqs) - before, time.perf_counter() - t0
-                    self.steps.append(("spec" if speculate else "plain", len(reqs), made, seconds))
+                    side = "spec" if speculate else "plain"
+                    self.steps.append((side, len(reqs), made, seconds))
+                    c = self.step_counters[side]
+                    c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + len(reqs), c[2] + made, c[3] + seconds
                     if self.speculative:  # the engine's own timer: what the auto gate decides from
                         self.gate.observe(len(reqs), speculate, seconds, made)
                     for job in self._running:
@@ -202,7 +221,10 @@ class Engine:
         still = []
         for job in self._running:
             r = job.request
-            if r.done:
+            if job.cancelled:
+                heapq.heappush(self._free, r.slot)
+                job.on_done("abort", None)
+            elif r.done:
                 heapq.heappush(self._free, r.slot)
                 stopped = bool(r.output) and not r.ignore_eos and r.output[-1] in r.eos_ids
                 job.on_done("stop" if stopped else "length", None)

@@ -59,6 +59,16 @@ class Detokenizer:
         return new
 
 
+class Events:
+    """A request's events (async iterator) and its engine job, which a disconnect cancels."""
+
+    def __init__(self, job, stream):
+        self.job, self.stream = job, stream
+
+    def __aiter__(self):
+        return self.stream.__aiter__()
+
+
 class Api:
     def __init__(self, engine: Engine, model_name: str):
         self.engine, self.model_name = engine, model_name
@@ -94,7 +104,7 @@ class Api:
                 if kind in ("done", "error"):
                     return
 
-        return stream()
+        return Events(job, stream())
 
     async def _collect(self, prompt, max_tokens, ignore_eos) -> tuple[list[int], str, dict]:
         ids: list[int] = []
@@ -183,23 +193,31 @@ class Api:
             c |= {"delta": {"content": text}} if chat else {"text": text, "logprobs": None}
             return {"id": rid, "object": chunk_obj, "created": created, "model": self.model_name, "choices": [c]}
 
+        stream_options = body.get("stream_options") or {}
+        continuous = bool(stream_options.get("continuous_usage_stats"))  # each chunk carries the running count
         n = 0
-        async for kind, payload in events:
-            if kind == "tokens":
-                n += len(payload)
-                text = detok.push(payload)
-                if text or not chat:
-                    await send(chunk(text))
-            elif kind == "error":
-                await send({"error": {"message": payload, "type": "server_error"}})
-                break
-            else:
-                final = chunk("", payload[0])
-                if (body.get("stream_options") or {}).get("include_usage"):
-                    final["usage"] = usage(n)
-                await send(final)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        finished = False
+        try:
+            async for kind, payload in events:
+                if kind == "tokens":
+                    n += len(payload)
+                    text = detok.push(payload)
+                    if text or not chat:
+                        await send(chunk(text) | ({"usage": usage(n)} if continuous else {}))
+                elif kind == "error":
+                    await send({"error": {"message": payload, "type": "server_error"}})
+                    break
+                else:
+                    final = chunk("", payload[0])
+                    if stream_options.get("include_usage"):
+                        final["usage"] = usage(n)
+                    await send(final)
+            finished = True
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        finally:
+            if not finished:  # the client went away (or the handler was cancelled): stop decoding for it
+                self.engine.cancel(events.job)
         return response
 
     async def generate(self, request):

@@ -25,6 +25,7 @@ the gate's own deterministic state, so all ranks decide alike every step.
 Settings come from the environment, set by specgate's launcher:
   SPECGATE_GATE='{"mode": "true-off", "num_steps": 3, "disable_at": 8, "enable_at": null,
                   "min_dwell_steps": 0, "buffer_tokens": 32}'
+(every key is described in config/README.md, "The gate's settings").
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ TARGET = "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams"
 ENV = "SPECGATE_GATE"
 MODES = ("true-off", "sglang-steps0")
 KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens", "buffer_rows",
-        "sync_free_seq_lens", "check_mirror_every", "auto"}
+        "sync_free_seq_lens", "check_mirror_every", "auto", "control"}
 LOG_EVERY = 1000  # decisions between counter lines
 
 

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from specgate.gate import RESUMED_STEPS, make_gate
+from specgate.gate_control import GateControl
 from specgate.sglang.aux_buffers import AuxBuffers, upload
 from specgate.sglang.logs import log, say
 from specgate.sglang.step_timer import StepTimer
@@ -359,6 +360,8 @@ class TrueOffGate:
     def init_state(self, settings: dict, pool: int, aux_dim: int, dtype, device, rank: int = 0) -> None:
         """Everything but the SGLang objects: the gate, the buffers, the host mirror, the counters."""
         self.gate = make_gate(settings)  # a fixed threshold, or the auto gate (settings["auto"])
+        # the sweep's run-time switch (one server, every gate); tp 1 only: ranks would read it at different steps
+        self.control = GateControl(settings["control"], self.gate) if settings.get("control") else None
         self.timer = StepTimer(device)  # decode step times, for the auto gate
         self.buffers = AuxBuffers(pool, int(settings.get("buffer_tokens", 32)), aux_dim, dtype, device,
                                   rows=int(settings.get("buffer_rows", 64)))  # fmt: skip
@@ -374,6 +377,9 @@ class TrueOffGate:
         self.released = self.trimmed_requests = self.trimmed_tokens = 0
         self.since_catchup = RESUMED_STEPS
         self.fastest_step, self.step_notes = {}, 0  # (speculated, running) -> fastest step seen, for note_time
+        # cumulative [steps, rows, tokens, seconds] of the timed decode steps by side, read by the sweep per
+        # block: the server's own step cost beside the client's throughput (tokens: a plain step's only)
+        self.step_counters = {"plain": [0, 0, 0, 0.0], "spec": [0, 0, 0, 0.0]}
         # acceptance of speculative steps: [request-steps, tokens] just after a catch-up and otherwise
         self.accept = {"resumed": [0, 0], "steady": [0, 0]}
         stats_dir = os.environ.get(STATS_ENV)
@@ -446,7 +452,13 @@ class TrueOffGate:
         # tokens of a speculative step arrive in count_accepted)
         for running, speculated, probe, seconds in self.timer.finished():
             self.note_time(running, speculated, seconds)
+            if seconds is not None:
+                c = self.step_counters["spec" if speculated else "plain"]
+                c[0], c[1], c[3] = c[0] + 1, c[1] + running, c[3] + seconds
+                c[2] += 0 if speculated else running
             self.gate.observe_time(running, speculated, seconds, probe=probe)
+        if self.control is not None:
+            self.gate = self.control.poll()
         before = self.gate.switches
         on = self.gate.decide(len(batch.reqs))
         plain_ok = _has_bonus(batch)  # False only before a request's first draft state exists
@@ -662,7 +674,8 @@ class TrueOffGate:
     def counters(self) -> dict:
         rate = {k: round(t / n, 4) if n else None for k, (n, t) in self.accept.items()}
         n, t = (sum(v[i] for v in self.accept.values()) for i in (0, 1))
-        return {**self.gate.counters(), "mode": "true-off", "plain_steps": self.plain_steps,
+        control = {"control_generation": self.control.generation} if self.control is not None else {}
+        return {**self.gate.counters(), **control, "mode": "true-off", "plain_steps": self.plain_steps,
                 "original_steps": self.original_steps, "catchups": self.catchups, "flushes": self.flushes,
                 "caught_up_tokens": self.caught_up_tokens,
                 "accept_length_on": round(t / n, 4) if n else None, "accept_length_resumed": rate["resumed"],
@@ -672,7 +685,8 @@ class TrueOffGate:
                 "sync_free_resolves": self.sync_free_resolves, "mirror_checks": self.mirror_checks,
                 "released": self.released, "trimmed_requests": self.trimmed_requests,
                 "trimmed_tokens": self.trimmed_tokens, "buffer_rows": self.buffers.rows,
-                "buffer_mib": round(self.buffers.nbytes / 2**20, 1)}  # fmt: skip
+                "buffer_mib": round(self.buffers.nbytes / 2**20, 1),
+                "step_counters": {k: list(v) for k, v in self.step_counters.items()}}  # fmt: skip
 
     def write_stats(self) -> None:
         if self.stats_path is None:

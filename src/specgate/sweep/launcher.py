@@ -112,7 +112,16 @@ def gate_mode(v: Variant) -> str | None:
     return "sglang-steps0" if v.gate_mode == "true-off" and true_off_unavailable() else v.gate_mode
 
 
-def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path) -> tuple[list[str], dict]:
+def gate_settings(v: Variant) -> dict:
+    """The gate a variant runs, in SPECGATE_GATE's keys (also what a run-time switch sends)."""
+    if v.auto:
+        return {"auto": {"min_dwell_steps": v.min_dwell_steps} if v.min_dwell_steps else {}}
+    return {"disable_at": v.disable_at, "enable_at": v.enable_at, "min_dwell_steps": v.min_dwell_steps}
+
+
+def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path,
+                   control: str | None = None) -> tuple[list[str], dict]:  # fmt: skip
+    """`control`: a gate-control file; the server runs the true-off gate and switches it at run time."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", s.target, "--host", "127.0.0.1",
            "--port", str(port), "--max-running-requests", str(s.max_running), "--tp-size", str(s.tp)]  # fmt: skip
     if s.attention_backend:
@@ -122,7 +131,14 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
         cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s.draft),
                 "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
-    if v.gated:
+    if control is not None:
+        if gate_mode(Variant("switched", True, 1)) != "true-off":
+            raise ValueError("bench.design switched: switching the gate at run time needs specgate's true-off gate, "
+                             f"which the installed SGLang does not fit ({true_off_unavailable()}); use design paired")  # fmt: skip
+        gate = {"mode": "true-off", "num_steps": s.num_steps, **gate_settings(v), "control": str(control),
+                "buffer_tokens": s.gate_buffer_tokens, "sync_free_seq_lens": s.gate_sync_free_seq_lens}  # fmt: skip
+        env[GATE_ENV] = json.dumps(gate)
+    elif v.gated:
         mode = gate_mode(v)
         if v.auto and mode != "true-off":
             raise ValueError("bench.auto: the auto gate needs specgate's true-off gate, which the installed SGLang "
@@ -145,13 +161,15 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
     return cmd + list(s.extra_args), env
 
 
-def reference_command(s: ServeSettings, v: Variant, port: int) -> tuple[list[str], dict]:
+def reference_command(s: ServeSettings, v: Variant, port: int, control: str | None = None) -> tuple[list[str], dict]:
     if v.gate_mode != "true-off":
         raise ValueError(f"variant {v.name}: the reference engine's gate is always a true off, not {v.gate_mode}")
     cmd = [sys.executable, "-m", "specgate.cli", "serve", "--target", s.target, "--port", str(port),
            "--max-running", str(s.max_running), "--max-len", str(s.max_len), "--device", s.device, "--dtype", s.dtype]  # fmt: skip
     if v.speculative:
         cmd += ["--draft", str(s.draft), "--num-steps", str(s.num_steps)]
+    if control is not None:
+        cmd += ["--gate-control", str(control)]
     if v.auto:
         cmd += ["--auto-gate"] + (["--min-dwell-steps", str(v.min_dwell_steps)] if v.min_dwell_steps else [])
     elif v.gated:

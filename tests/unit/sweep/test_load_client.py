@@ -1,95 +1,156 @@
-"""The closed-loop benchmark client against a real reference-engine server on 127.0.0.1."""
+"""The block benchmark client against real reference-engine servers on 127.0.0.1."""
 
 import asyncio
+import sys
+import time
 
 import pytest
-from test_server import server  # noqa: F401  (the module-scoped reference server fixture)
 
-from specgate.sweep.load_client import LevelFailed, bench_prompts, sweep_levels
+from specgate.sweep.load_client import (
+    Entry,
+    LevelFailed,
+    Load,
+    bench_requests,
+    closed_block,
+    open_block,
+    poisson_arrivals,
+    server_info,
+    summarize_block,
+    sweep_blocks,
+    wait_idle,
+)
+from specgate.sweep.managed_server import ManagedServer, free_port
 
 pytestmark = pytest.mark.slow
 
 EVAL = [{"messages": [{"role": "system", "content": "count"}, {"role": "user", "content": f"{i} {i + 1} {i + 2}"},
-                      {"role": "assistant", "content": "x"}]} for i in range(10)]  # fmt: skip
+                      {"role": "assistant", "content": "x " * (3 + i)}]} for i in range(10)]  # fmt: skip
 
 
-def test_prompts_are_a_seeded_mix_cut_after_the_first_user_turn():
-    a, b = bench_prompts(EVAL, 6, seed=1), bench_prompts(EVAL, 6, seed=1)
-    assert a == b and len(a) == 6 and a != bench_prompts(EVAL, 6, seed=2)
-    assert all(p[-1]["role"] == "user" and p[0]["role"] == "system" for p in a)
-
-
-def test_levels_record_every_request_and_summarise_like_bench_serving(server):  # noqa: F811
-    records, rows = asyncio.run(sweep_levels(
-        server.url, "m", bench_prompts(EVAL, 10, 0), [1, 4], variant="gate_4", num_requests=lambda c: 2 * c,
-        warmup_requests=1, max_tokens=12, ignore_eos=True, max_error_rate=0.0))  # fmt: skip
-    assert [r["concurrency"] for r in rows] == [1, 4]
-    assert len(records) == 2 + 8 and all(r["error"] is None and r["output_tokens"] == 12 for r in records)
-    for rec in records:
-        # the first chunk is the TTFT; every later chunk one inter-token gap, all within the E2E latency.
-        # (The counting model emits byte tokens that the server holds back until they decode, so a request
-        # may stream fewer chunks than steps.)
-        assert 0 < rec["ttft_s"] <= rec["e2e_s"] and len(rec["itl_s"]) <= 11
-        assert rec["ttft_s"] + sum(rec["itl_s"]) <= rec["e2e_s"]
-    for row in rows:
-        assert row["completed"] == 2 * row["concurrency"] and row["failed"] == 0
-        assert row["total_output_tokens"] == 12 * row["completed"]
-        assert row["output_throughput"] == pytest.approx(row["total_output_tokens"] / row["duration"])
-        for key in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_e2e_latency_ms"):
-            assert row[key] > 0, key
-        assert row["accept_length_source"] == "server counters, this level"
-    # the gate at 4 speculates at concurrency 1 (accepting more than 1 token per verify) and is
-    # off for most steps at concurrency 4
-    assert rows[0]["accept_length"] > 1.0 and rows[0]["gate_steps_off"] == 0
-    assert rows[1]["gate_steps_off"] > rows[1]["gate_steps_on"]
-    # the level's own switches; a fixed gate has no probes, and the reference engine no true-off flushes
-    assert rows[0]["gate_switches"] == 0 and rows[1]["gate_switches"] >= 1
-    assert rows[1]["gate_probes"] is None and rows[1]["gate_flushes"] is None
-
-
-def test_a_prime_burst_switches_the_gate_off_and_on_before_the_levels(server):  # noqa: F811
-    from specgate.sweep.load_client import server_info
-
-    before = asyncio.run(server_info(server.url))["gate"]
-    records, rows = asyncio.run(sweep_levels(
-        server.url, "m", bench_prompts(EVAL, 10, 0), [1], variant="gate_4", num_requests=lambda c: 2,
-        warmup_requests=0, max_tokens=12, ignore_eos=True, max_error_rate=0.0, prime=5))  # fmt: skip
-    after = asyncio.run(server_info(server.url))["gate"]
-    assert after["steps_off"] > before["steps_off"]  # the burst ran with the gate off
-    # and is not measured: the level has its 2 requests and speculates throughout
-    assert len(records) == 2 and rows[0]["gate_steps_off"] == 0 and rows[0]["gate_steps_on"] > 0
-    # its first speculative steps follow the burst's off period: counted as "after resuming", this level's only
-    assert 0 < rows[0]["spec_verify_resumed"] <= rows[0]["spec_verify"]
-    assert rows[0]["spec_accepted_resumed"] >= rows[0]["spec_verify_resumed"]
-
-
-def test_a_level_over_the_error_bound_fails_with_the_reason(server):  # noqa: F811
-    with pytest.raises(LevelFailed, match=r"gate_4 at concurrency 2: 4 of 4 requests failed .*HTTP 400"):
-        asyncio.run(sweep_levels(server.url, "m", bench_prompts(EVAL, 4, 0), [2], variant="gate_4",
-                                 num_requests=lambda c: 4, warmup_requests=0, max_tokens=100000, ignore_eos=True,
-                                 max_error_rate=0.25))  # fmt: skip
-
-
-def test_identity_schedule_crosses_the_gate_and_matches_no_spec(server, counting_target, tmp_path):  # noqa: F811
-    from test_server import serve_cmd
-
-    from specgate.sweep.load_client import compare_outputs, identity_schedule, run_schedule, server_info
-    from specgate.sweep.managed_server import ManagedServer, free_port
-
-    jobs = identity_schedule(10, waves=2, per_wave=6, gap_s=1.0)
-    assert len(jobs) == 12 and len({j["max_tokens"] for j in jobs}) > 4  # staggered: the batch shrinks past 4
-    jobs = [dict(j, max_tokens=4 + j["max_tokens"] // 8) for j in jobs]
-    prompts = bench_prompts(EVAL, 10, 0)
-    before = asyncio.run(server_info(server.url))
-    gated = asyncio.run(run_schedule(server.url, "m", prompts, jobs))
-    after = asyncio.run(server_info(server.url))
+def _serve(target, draft, tmp, name, extra=()):
     port = free_port()
-    with ManagedServer(serve_cmd(counting_target, None, port), port, tmp_path / "nospec.log", ready_timeout=120) as s:
-        plain = asyncio.run(run_schedule(s.url, "m", prompts, jobs))
-        one_by_one = asyncio.run(run_schedule(s.url, "m", prompts, jobs, sequential=True))
-    assert all("text" in r and r["tokens"] == j["max_tokens"] for r, j in zip(gated, jobs, strict=True))
-    assert after["gate"]["switches"] - before["gate"]["switches"] >= 2  # off and back on
-    assert compare_outputs(plain, gated) == {"requests": 12, "identical": 12, "differ": []}
-    assert compare_outputs(one_by_one, plain)["identical"] == 12
-    changed = [dict(r, text=r["text"] + "!") if i == 3 else r for i, r in enumerate(gated)]
-    assert compare_outputs(plain, changed)["differ"][0]["first_diff_char"] == len(plain[3]["text"])
+    cmd = [sys.executable, "-m", "specgate.cli", "serve", "--target", str(target), "--port", str(port), "--max-len",
+           "512", "--max-running", "8", *(["--draft", str(draft)] if draft else []), *extra]  # fmt: skip
+    return ManagedServer(cmd, port, tmp / f"{name}.log", ready_timeout=120)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, counting_target, tiny_drafter):
+    """A no-spec server and a speculative one whose gate is switched through a control file."""
+    tmp = tmp_path_factory.mktemp("servers")
+    control = tmp / "gate_control.json"
+    with _serve(counting_target, None, tmp, "nospec") as base, \
+         _serve(counting_target, tiny_drafter, tmp, "spec", ["--gate-control", str(control)]) as spec:  # fmt: skip
+        yield base, spec, control
+
+
+def test_requests_are_a_seeded_mix_cut_after_the_first_user_turn_with_their_replies():
+    a, b = bench_requests(EVAL, 6, seed=1), bench_requests(EVAL, 6, seed=1)
+    assert a == b and len(a) == 6 and a != bench_requests(EVAL, 6, seed=2)
+    assert all(p[-1]["role"] == "user" and p[0]["role"] == "system" for p, _ in a)
+    # each prompt keeps the reply that followed it in the eval conversation
+    assert all(reply == "x " * (3 + int(p[-1]["content"].split()[0])) for p, reply in a)
+
+
+def test_reply_lengths_are_the_target_tokens_of_each_reply_truncated_at_max_tokens(smollm2_tokenizer):
+    from specgate.sweep.load_client import reply_lengths
+
+    replies = ["", "hello", "one two three four five six seven eight nine ten " * 4]
+    lengths = reply_lengths(replies, smollm2_tokenizer, max_tokens=16)
+    assert lengths[0] == 1 and lengths[1] == len(smollm2_tokenizer("hello", add_special_tokens=False)["input_ids"])
+    assert lengths[2] == 16
+
+
+def test_poisson_arrivals_repeat_for_a_seed_and_have_the_rate():
+    a = poisson_arrivals(5.0, 200.0, seed=3)
+    assert a == poisson_arrivals(5.0, 200.0, seed=3) and a != poisson_arrivals(5.0, 200.0, seed=4)
+    assert all(0 <= x < 200 for x in a) and a == sorted(a)
+    assert abs(len(a) / 200 - 5.0) < 0.5
+
+
+def test_a_closed_block_counts_the_tokens_streamed_in_its_steady_window_and_leaves_the_server_idle(servers):
+    base, _, _ = servers
+    prompts = [p for p, _ in bench_requests(EVAL, 10, 0)]
+    lengths = [400, 7, 13, 400, 22, 9, 31, 5, 17, 26]
+    block = asyncio.run(closed_block(base.url, "m", prompts, lengths, 3, warmup_s=0.3, window_s=1.5))
+    t_end = time.perf_counter()
+    recs = block.records
+    # request k asked for the prompt and length of list entry k
+    assert [r.index for r in recs] == [k % 10 for k in range(len(recs))]
+    assert [r.max_tokens for r in recs] == [lengths[r.index] for r in recs]
+    assert len(recs) > 3 and block.window_start_s >= 0.3 and block.window_s == pytest.approx(1.5, abs=0.1)
+    # the window's tokens are the per-chunk counts between its ends: fewer than the whole block's, more than 0
+    t0, t1 = block.window_start_s, block.window_start_s + block.window_s
+    assert block.window_tokens == sum(r.tokens_by(t1) - r.tokens_by(t0) for r in recs)
+    assert 0 < block.window_tokens < block.whole_tokens
+    done = [r for r in recs if not r.cancelled]
+    assert all(r.error is None and r.output_tokens == r.max_tokens for r in done)  # continuous usage is exact
+    assert all(r.chunk_tokens == sorted(r.chunk_tokens) for r in recs)
+    # what was in flight at the end was cancelled, not failed, and the server stopped decoding for it
+    assert 1 <= sum(r.cancelled for r in recs) <= 3
+    asyncio.run(wait_idle(base.url, timeout_s=5))
+    assert asyncio.run(server_info(base.url))["running"] == 0 and time.perf_counter() - t_end < 5
+    assert any(r.cancelled and r.max_tokens == 400 and r.output_tokens < 400 for r in recs)
+    row = summarize_block(block)
+    assert row["failed"] == 0 and row["cancelled"] >= 1
+    assert row["output_throughput"] == pytest.approx(block.window_tokens / block.window_s)
+
+
+def test_an_open_block_runs_every_arrival_to_its_end_and_counts_goodput_under_the_slo(servers):
+    base, _, _ = servers
+    prompts = [p for p, _ in bench_requests(EVAL, 10, 0)]
+    lengths = [8] * 10
+    block = asyncio.run(open_block(base.url, "m", prompts, lengths, 4.0, window_s=1.5, seed=1))
+    assert len(block.records) == len(poisson_arrivals(4.0, 1.5, seed=1))
+    assert all(r.error is None and not r.cancelled and r.output_tokens == 8 for r in block.records)
+    loose, tight = summarize_block(block, {"tpot_ms": 10_000}), summarize_block(block, {"ttft_ms": 1e-6})
+    assert loose["goodput"] == pytest.approx(len(block.records) / block.whole_s) and tight["goodput"] == 0
+
+
+def test_a_switched_sweep_runs_every_gate_on_one_server_beside_the_no_spec_server(servers):
+    base, spec, control = servers
+    prompts = [p for p, _ in bench_requests(EVAL, 10, 0)]
+    lengths = [24] * 10
+    entries = [Entry("nospec", base.url, baseline=True),
+               Entry("always", spec.url, gate={"disable_at": None}, control=str(control)),
+               Entry("gate_2", spec.url, gate={"disable_at": 2}, control=str(control), prime=3)]  # fmt: skip
+    records, rows = asyncio.run(sweep_blocks(entries, "m", prompts, lengths, [Load(concurrency=1), Load(concurrency=3)],
+                                             blocks=2, warmup_s=0.2, window_s=0.8, rate_window_s=1.0, ignore_eos=True,
+                                             max_error_rate=0.0))  # fmt: skip
+    assert len(rows) == 2 * 2 * 3
+    by = {(r["variant"], r["concurrency"], r["block"]): r for r in rows}
+    # the order rotates: each entry goes first in some block
+    assert {r["variant"] for r in rows if r["position"] == 0} == {"nospec", "always"}
+    for c in (1, 3):
+        for b in (0, 1):
+            nospec, always, gate = by[("nospec", c, b)], by[("always", c, b)], by[("gate_2", c, b)]
+            assert nospec["ratio"] == 1.0
+            # each ratio divides by the no-spec block of the same turn
+            assert always["ratio"] == pytest.approx(always["output_throughput"] / nospec["output_throughput"])
+            assert always["baseline_output_throughput"] == nospec["output_throughput"]
+            # the switch took effect before the block: always-on speculates on every step, as the server's own
+            # step counters show, and the no-spec server runs plain steps only
+            assert always["gate_steps_off"] == 0 and always["server_spec_steps"] > 0 and always["server_plain_steps"] == 0
+            assert nospec["server_spec_steps"] == 0 and nospec["server_plain_ms"] > 0
+            assert always["accept_length"] > 1.0
+    # gate_2 speculates at concurrency 1 and runs plain steps at 3 (its prime crossed the threshold before)
+    assert all(by[("gate_2", 1, b)]["server_plain_steps"] == 0 for b in (0, 1))
+    assert all(by[("gate_2", 3, b)]["server_spec_steps"] == 0 and by[("gate_2", 3, b)]["server_plain_ms"] > 0
+               for b in (0, 1))  # fmt: skip
+    assert {r["variant"] for r in records} == {"nospec", "always", "gate_2"}
+
+
+def test_a_paired_entry_reports_its_own_baseline_and_a_failing_server_fails_the_level(servers):
+    base, spec, control = servers
+    prompts = [p for p, _ in bench_requests(EVAL, 10, 0)]
+    entries = [Entry("always", spec.url, gate={"disable_at": None}, control=str(control)),
+               Entry("nospec", base.url, baseline=True, emit=False)]  # fmt: skip
+    _, rows = asyncio.run(sweep_blocks(entries, "m", prompts, [16] * 10, [Load(concurrency=2)], blocks=2, warmup_s=0.2,
+                                       window_s=0.6, rate_window_s=1.0, ignore_eos=True, max_error_rate=0.0))  # fmt: skip
+    assert [r["variant"] for r in rows] == ["always", "always"] and [r["position"] for r in rows] == [0, 1]
+    assert all(r["ratio"] == pytest.approx(r["output_throughput"] / r["baseline_output_throughput"]) for r in rows)
+    # a request the server refuses (longer than its context) is a failure, and the level stops
+    with pytest.raises(LevelFailed, match="failed"):
+        asyncio.run(sweep_blocks([Entry("nospec", base.url, baseline=True)], "m", prompts, [600] * 10,
+                                 [Load(concurrency=1)], blocks=1, warmup_s=0.1, window_s=0.3, rate_window_s=1.0,
+                                 ignore_eos=True, max_error_rate=0.0))  # fmt: skip
