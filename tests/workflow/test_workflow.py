@@ -1,6 +1,7 @@
 """Real Snakemake runs on a tiny config: full chain, no-op rerun, and rerun granularity."""
 
 import contextlib
+import csv
 import json
 import os
 import re
@@ -64,8 +65,9 @@ def workdir(tmp_path_factory, tiny_llama_dir):
     config["train"] |= {"ttt_length": 2, "epochs": 1, "batch_tokens": 1024, "checkpoint_every": 5}
     config["acceptance"] |= {"num_steps": [2], "max_new_tokens": 8, "prompts_per_source": 2, "batch_size": 2}
     config["serve"] = {"num_steps": 2, "max_running": 4, "max_len": 512, "ready_timeout": 120}
-    config["bench"] = {"thresholds": [2], "auto": True, "concurrency": [1, 2], "rounds": 2, "min_requests": 2,
-                       "requests_per_concurrency": 1, "warmup_requests": 1, "prompts": 6, "max_tokens": 8}  # fmt: skip
+    config["bench"] = {"thresholds": [2], "auto": True, "concurrency": [1, 2], "rounds": 2, "blocks": 2,
+                       "warmup_s": 0.2, "window_s": 0.8, "request_rates": [4.0], "rate_window_s": 0.8, "prompts": 6,
+                       "max_tokens": 8}  # fmt: skip
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     # A private copy of the package, first on PYTHONPATH, so the test can edit its code.
     shutil.copytree(REPO / "src/specgate", work / "pkg/specgate")
@@ -89,26 +91,28 @@ def test_full_chain_builds_every_artifact(workdir):
     assert "## Recommended threshold\n\n**" in report and "(gate_2)" in report
     assert "### The auto gate" in report and "threshold settled" in report  # the auto variant ran in the sweep
     assert "Served widened (`target.widen`)" in report and "τ before widening" in report
-    assert "median over rounds [90% bootstrap interval]" in report
+    assert "median over blocks [90% bootstrap interval]" in report and "Design **switched**" in report
+    assert "### Ratio to the no-spec block beside it" in report and "## Open loop: the operator's traffic" in report
     # gate_2 turns off at c = 2 and after the prime burst, and speculates again: its first steps after that are counted
     assert "### Acceptance after the gate turns back on" in report and "| gate_2 |" in report.split("turns back on")[1]
     for rule in ["target", "widen", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance",
-                 "acceptance_unwidened", "report", *[f"bench/{v}.round{r}" for v in ("nospec", "always", "gate_2")
-                                                     for r in (0, 1)]]:  # fmt: skip
+                 "acceptance_unwidened", "report", "bench/all.round0", "bench/all.round1"]:  # fmt: skip
         assert (work / f"results/logs/{rule}.log").exists(), rule
-    for variant in ["nospec", "always", "gate_2"]:
-        for r in (0, 1):
-            summary = (work / f"results/bench/{variant}/round{r}.csv").read_text().splitlines()
-            assert len(summary) == 3 and summary[0].startswith("variant,engine,server_version,disable_at,enable_at,round")
-            assert len((work / f"results/bench/{variant}/round{r}.jsonl").read_text().splitlines()) == 2 + 2
-    # interleaved: every round-1 job ran after every round-0 job
-    first = [(work / f"results/bench/{v}/round0.csv").stat().st_mtime for v in ("nospec", "always", "gate_2")]
-    second = [(work / f"results/bench/{v}/round1.jsonl").stat().st_mtime for v in ("nospec", "always", "gate_2")]
-    assert min(second) > max(first)
+    for r in (0, 1):
+        rows = list(csv.DictReader((work / f"results/bench/all/round{r}.csv").open()))
+        # one row per variant, level (2 closed, 1 open) and block; every ratio divides by the same turn's no-spec block
+        assert len(rows) == 4 * 3 * 2 and {row["variant"] for row in rows} == {"nospec", "always", "auto", "gate_2"}
+        for row in rows:
+            assert float(row["ratio"]) == pytest.approx(float(row["output_throughput"]) / float(row["baseline_output_throughput"]))
+            assert row["design"] == "switched" and int(row["round"]) == r
+        assert len((work / f"results/bench/all/round{r}.jsonl").read_text().splitlines()) >= len(rows)
+    # rounds follow each other: round 1's job ran after round 0's
+    assert (work / "results/bench/all/round1.csv").stat().st_mtime > (work / "results/bench/all/round0.csv").stat().st_mtime
     levels = (work / "results/report/levels.csv").read_text().splitlines()
     assert len(levels) == 1 + 4 * 2 and "output_throughput_lo" in levels[0]  # nospec, always, auto, gate_2
-    assert json.loads((work / "results/report/recommendation.json").read_text())["pick"] == "gate_2"
-    for plot in ["training", "throughput", "latency", "envelope", "cost_model"]:
+    rec = json.loads((work / "results/report/recommendation.json").read_text())
+    assert rec["block_noise"] > 0 and set(rec["open_loop_best"]) == {"4"}
+    for plot in ["training", "throughput", "latency", "envelope", "cost_model", "latency_throughput"]:
         assert (work / f"results/report/{plot}.png").read_bytes()[:4] == b"\x89PNG"
     # no server outlives the workflow
     assert "specgate.cli serve" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
@@ -219,7 +223,8 @@ def test_unlock_works_as_snakemake_says(workdir):
     assert "Nothing to be done" in snakemake(work, "-n", "results/report.md", env=env)
 
 
-def test_a_new_threshold_runs_only_its_own_server(workdir):
+def test_a_new_threshold_reruns_the_switched_sweep_and_nothing_upstream(workdir):
+    """The switched design's variants share one server's turns, so a new one reruns the sweep's jobs."""
     work, env = workdir
     cfg_path = work / "config.yaml"
     original = cfg_path.read_text()
@@ -229,9 +234,27 @@ def test_a_new_threshold_runs_only_its_own_server(workdir):
     try:
         out = snakemake(work, "-n", "results/report.md", env=env)
         assert planned_counts(out) == {"bench": 2, "report": 1}  # its two rounds
-        assert "results/bench/gate_3/round1.csv" in out and "results/bench/gate_2/round0.csv" not in out.split("rule report")[0]
     finally:
         cfg_path.write_text(original)
+
+
+def test_the_paired_design_runs_each_variant_beside_its_own_no_spec_server_and_a_new_one_alone(workdir, tmp_path):
+    work, env = workdir
+    copy = tmp_path / "paired"
+    shutil.copytree(work, copy, symlinks=True, ignore=shutil.ignore_patterns("archive", "bench", "report*"))
+    cfg = yaml.safe_load((copy / "config.yaml").read_text())
+    cfg["bench"] |= {"design": "paired", "auto": False, "concurrency": [2], "request_rates": [], "rounds": 1}
+    (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake(copy, "results/report.md", env=env)
+    rows = {v: list(csv.DictReader((copy / f"results/bench/{v}/round0.csv").open())) for v in ("nospec", "always", "gate_2")}
+    assert all(len(r) == 2 and all(x["design"] == "paired" for x in r) for r in rows.values())
+    assert (copy / "results/logs/bench/gate_2.round0.baseline.server.log").exists()  # its own no-spec server
+    report = (copy / "results/report.md").read_text()
+    assert "Design **paired**" in report and "| nospec |" in report.split("beside it")[1]  # the A/A pair: noise floor
+    cfg["bench"]["thresholds"] = [2, 3]
+    (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
+    out = snakemake(copy, "-n", "results/report.md", env=env)
+    assert planned_counts(out) == {"bench": 1, "report": 1} and "results/bench/gate_3/round0.csv" in out
 
 
 def test_archive_rebuilds_the_same_report_elsewhere(workdir, tmp_path):
@@ -271,7 +294,8 @@ def test_every_example_config_plans_the_whole_chain(tmp_path, example):
     bench = cfg["bench"]
     variants = 2 + len(bench.get("thresholds", [2, 4, 8])) + len(bench.get("hysteresis", [])) + bool(bench.get("auto"))
     variants += len(bench.get("steps0_thresholds", []))
-    assert counts["bench"] == variants * bench.get("rounds", 3) and counts["report"] == counts["archive"] == 1
+    jobs = 1 if bench.get("design", "switched") == "switched" else variants
+    assert counts["bench"] == jobs * bench.get("rounds", 1) and counts["report"] == counts["archive"] == 1
     assert {"capture", "train", "export", "acceptance"} <= set(counts)
 
 
@@ -309,14 +333,14 @@ def test_sigkill_of_snakemake_stops_the_bench_job_and_its_server(workdir, tmp_pa
     copy = tmp_path / "copy"
     shutil.copytree(work, copy, symlinks=True, ignore=shutil.ignore_patterns("archive", "bench"))  # no old server logs
     cfg = yaml.safe_load((copy / "config.yaml").read_text())
-    cfg["bench"] |= {"concurrency": [1], "requests_per_concurrency": 500, "min_requests": 500, "rounds": 1}  # minutes of work
+    cfg["bench"] |= {"concurrency": [1], "window_s": 300, "rounds": 1}  # minutes of work
     (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(copy),
-         "--configfile", str(copy / "config.yaml"), "--cores", "2", "results/bench/nospec/round0.csv"],
+         "--configfile", str(copy / "config.yaml"), "--cores", "2", "results/bench/all/round0.csv"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
     try:
-        server_log = copy / "results/logs/bench/nospec.round0.server.log"
+        server_log = copy / "results/logs/bench/all.round0.server.log"
         deadline = time.monotonic() + 180
         while b"/v1/chat/completions" not in (server_log.read_bytes() if server_log.exists() else b""):
             assert proc.poll() is None and time.monotonic() < deadline, "the bench job did not start measuring"

@@ -78,6 +78,19 @@ def latency(summary, path: Path) -> None:
     _save(fig, path)
 
 
+def latency_throughput(cells, path: Path) -> None:
+    """Open loop: p99 ITL and p99 TTFT against output throughput, one line per variant through its rates."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, col, title in zip(axes, ("p99_itl_ms", "p99_ttft_ms"), ("p99 ITL (ms)", "p99 TTFT (ms)"), strict=True):
+        for v in _variant_order(cells.variant.unique()):
+            d = cells[cells.variant == v].sort_values("request_rate")
+            ax.plot(d.output_throughput, d[col], marker="o", label=v)
+        ax.set(xlabel="output tok/s", ylabel=title, title=f"{title} against throughput (points: request rates)")
+    axes[0].legend()
+    _save(fig, path)
+
+
 def envelope(summary, path: Path) -> None:
     thr = summary.pivot_table(index="concurrency", columns="variant", values="output_throughput")
     best = thr[["nospec", "always"]].max(axis=1)

@@ -20,6 +20,7 @@ from specgate.files import atomic_path, read_jsonl, write_json
 from specgate.gate import RESUMED_STEPS
 from specgate.report import cost_model as cm
 from specgate.report import plots
+from specgate.report import sweep_tables as st
 from specgate.report import uncertainty as un
 from specgate.report.provenance import provenance as collect_provenance
 
@@ -165,19 +166,29 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
         parts += ["", f"![training curves]({_rel(plots_dir, out)}/training.png)"]
     sweep = decision = None
     if bench_summaries:
-        rounds = pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True)
+        blocks = pd.concat([pd.read_csv(p) for p in bench_summaries], ignore_index=True)
+        rounds = un.replicates(blocks)
         records = pd.DataFrame([r for p in bench_records for r in read_jsonl(p)],
                                columns=["variant", "concurrency", "round", "output_tokens", "e2e_s", "error"])  # fmt: skip
         boot = un.bootstrap_levels(rounds, records, seed=int(config.get("seed", 0)))
         sweep = un.intervals(un.aggregate_rounds(rounds), boot)
         if {"nospec", "always"} <= set(sweep.variant):
             decision = un.decide(sweep, boot)
-        parts += sweep_sections(config, sweep, plots_dir, out, decision)
+        parts += sweep_sections(config, sweep, plots_dir, out, decision, blocks=blocks)
+        open_lines, open_best = st.open_loop_section(config, blocks)
+        if open_lines:
+            parts += open_lines
+            if plots_dir:
+                plots.latency_throughput(st.open_loop_cells(blocks), Path(plots_dir) / "latency_throughput.png")
+                parts += ["", f"![latency against throughput]({_rel(plots_dir, out)}/latency_throughput.png)"]
         if levels_out:
             with atomic_path(levels_out) as tmp:
                 sweep.to_csv(tmp, index=False)
     if recommendation_out:
         rec = decision.to_dict() if decision else {"verdict": None}
+        if bench_summaries:
+            rec["open_loop_best"] = {f"{r:g}": b for r, b in open_best.items()}
+            rec["block_noise"] = un.block_noise(st.closed(blocks))
         if decision is not None:  # the auto gate can start from this sweep's costs: specgate serve --auto-seed
             rec["auto_seed"] = cm.auto_seed(cm.fit(sweep)[0], int(config["serve"]["max_running"]))
         write_json(recommendation_out, rec)
@@ -186,7 +197,8 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     if acceptance_unwidened:
         stages += ["widen", "acceptance_unwidened"]
     if sweep is not None:
-        stages += [f"bench_{v}.round{r}" for r in range(int(sweep["rounds"].max())) for v in sorted(sweep.variant.unique())]
+        jobs = ["all"] if config["bench"]["design"] == "switched" else sorted(sweep.variant.unique())
+        stages += [f"bench_{v}.round{r}" for r in range(int(config["bench"]["rounds"])) for v in jobs]
     times = stage_times(Path(stage_times_dir), stages)
     if times:
         total = sum(float(r[1]) for r in times)
@@ -283,13 +295,12 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
         lines += ["", f"Envelope efficiency: auto {decision.envelope['auto'][0]:.3f}, the best fixed threshold ({best}) "
                       f"{decision.envelope[best][0]:.3f}; ratio **{ratio:.3f}**."]  # fmt: skip
         if agree:
-            # two servers that speculate on the same steps do the same work per step, so what separates their
-            # throughput there is the spread of servers measured one after another: the yardstick for the ratio
+            # servers that speculate on the same steps do the same work per step: there the ratio shows the
+            # measurement's own spread, the yardstick for the envelope ratio
             ratios = [r for _, r in agree]
             lines[-1] += (f" At concurrency {', '.join(str(c) for c, _ in agree)} auto speculated on a share of "
                           f"decode steps within {SAME_DECISIONS * 100:.0f} points of {best}'s: there the two made nearly "
-                          f"the same decisions, and auto ÷ {best} ran {min(ratios):.3f}–{max(ratios):.3f}, the "
-                          "spread of servers measured one after another.")  # fmt: skip
+                          f"the same decisions, and auto ÷ {best} ran {min(ratios):.3f}–{max(ratios):.3f}.")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -392,29 +403,23 @@ def _with_interval(summary: pd.DataFrame, variants: list[str]) -> str:
 
 
 def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, out: str,
-                   decision: un.Decision | None = None) -> list[str]:  # fmt: skip
+                   decision: un.Decision | None = None, blocks: pd.DataFrame | None = None) -> list[str]:  # fmt: skip
     variants = plots._variant_order(summary.variant.unique())
-    bench, serve = config["bench"], config["serve"]
+    serve = config["serve"]
     eng = summary.engine.iloc[0]
     parts = ["", "## Threshold sweep", "",
              f"Engine `{eng}` (server version {summary.server_version.iloc[0]}), {serve['num_steps']} draft steps, top-k 1; "
-             f"closed loop over the OpenAI streaming API, {bench['max_tokens']} output tokens per request "
-             + (f"on average (spread {bench['length_spread']:g}: each request's length uniform over ±"
-                f"{bench['length_spread'] / 2:.0%}, the same for every variant) " if bench.get("length_spread") else "")
-             + f"(ignore_eos={bench['ignore_eos']}), greedy; max(min_requests={bench['min_requests']}, "
-             f"{bench['requests_per_concurrency']}×concurrency) requests per level and round after {bench['warmup_requests']} "
-             f"warm-up requests, in {int(summary['rounds'].max())} interleaved rounds (round r of every variant after "
-             "round r-1 of all). Each cell is the median over rounds; latency and accept-length cells are medians of "
-             "the rounds' own figures. Per-request records: `results/bench/<variant>/round<r>.jsonl`; per-round "
-             "summaries: `results/bench/<variant>/round<r>.csv`; medians and intervals: `results/report/levels.csv`.",
-             "", "### Output throughput (tok/s): median over rounds [90% bootstrap interval]", "",
+             "closed loop over the OpenAI streaming API. " + st.describe(config, blocks if blocks is not None else summary),
+             "", "### Output throughput (tok/s): median over blocks [90% bootstrap interval]", "",
              _with_interval(summary, variants),
              "", "### Median TTFT (ms)", "", _by_concurrency(summary, "median_ttft_ms", variants, 0),
              "", "### Median ITL (ms)", "", _by_concurrency(summary, "median_itl_ms", variants),
              "", "### p99 ITL (ms)", "", _by_concurrency(summary, "p99_itl_ms", variants),
              "", f"### {accept_title(summary)}", "", _by_concurrency(summary, "accept_length", [v for v in variants if v != "nospec"], 3),
              *resumed_section(summary),
-             "", f"Failed requests: {int(summary.failed.sum())} of {int(summary.completed.sum() + summary.failed.sum())}."]  # fmt: skip
+             *(st.steadiness_section(blocks) + st.validity_section(blocks) if blocks is not None else []),
+             "", f"Failed requests: {int(summary.failed.sum())} of "
+             f"{int(summary.completed.sum() + summary.cancelled.fillna(0).sum() + summary.failed.sum())}."]  # fmt: skip
     if summary.errors.notna().any():
         parts += ["", "Errors: " + "; ".join(sorted(set(summary.errors.dropna())))]
     if "gate_mode" in summary and summary.gate_mode.notna().any():

@@ -1,22 +1,23 @@
-"""How sure the sweep is: medians over interleaved rounds, bootstrap intervals, and a
-recommendation that says when its candidates are within noise of each other.
+"""How sure the sweep is: medians over replicates, bootstrap intervals, and a recommendation that
+says when its candidates are within noise of each other.
 
-A level's throughput in one round is output tokens ÷ wall time of that round's closed loop.
-The requests of one round share batches, so they are not independent draws: the round is the
-unit of measurement (its own server start, its own closed loop). Rounds are few, 3 by
-default, and a bootstrap over 3 values cannot see past them: the median of 3 draws from 3
-values never leaves their range. With identical truths it called always-on better than
-no-spec at some level of a 4-level sweep in 8 of 20 synthetic sweeps.
+A replicate is one block of a level (`specgate.sweep.load_client`): its steady-window throughput
+÷ the no-spec block of the same turn, measured seconds before or after it on the same requests.
+The figure a cell decides on is that ratio times the level's no-spec throughput (the median of
+every no-spec block at that level), so cells keep their tok/s scale while the server-to-server
+and minute-to-minute drift, which both blocks of a turn share, cancels (`replicates`). A sweep
+measured without a baseline beside it (bench.side_by_side false) decides on raw throughput.
 
-So the noise is pooled: each round's deviation from its cell's mean (relative, scaled by
-sqrt(n / (n - 1))) is pooled over every variant and level of the sweep, since they ran on
-the same host in the same way, and each cell is redrawn as its median times (1 + pooled
-deviations), one per round. The statistic is the median over rounds, as the point estimate
-is. The redraws center on the median, not the mean: one slow round (a noisy neighbour) pulls
-a mean of 3 far enough that its interval would miss the median it stands for. With a single
-round there are no deviations to pool, and the requests of that round are resampled instead
-(Little's law: tokens ÷ end-to-end seconds). Intervals are the 5th to 95th
-percentiles (90%).
+Replicates are few, 3 by default, and a bootstrap over 3 values cannot see past them: the median
+of 3 draws from 3 values never leaves their range. So the noise is pooled: each replicate's
+deviation from its cell's mean (relative, scaled by sqrt(n / (n - 1))) is pooled over every
+variant and level of the sweep, since they ran on the same host in the same way, and each cell is
+redrawn as its median times (1 + pooled deviations), one per replicate. The statistic is the
+median over replicates, as the point estimate is. The redraws center on the median, not the mean:
+one slow block pulls a mean of 3 far enough that its interval would miss the median it stands
+for. With a single replicate there are no deviations to pool, and the requests are resampled
+instead (Little's law: tokens ÷ end-to-end seconds). Intervals are the 5th to 95th percentiles
+(90%).
 
 The decision rule (`decide`) works on the same bootstrap draws:
 
@@ -43,14 +44,43 @@ SURE = 0.95  # share of draws for "pays" (and 1 - SURE for "loses")
 TIE = 0.10  # share of draws in which a gate reaches the best one's envelope efficiency
 
 
+def replicates(blocks: pd.DataFrame) -> pd.DataFrame:
+    """The closed-loop blocks as the replicates the decision works on: `output_throughput` becomes the
+    block's ratio to the no-spec block beside it times the level's no-spec throughput (the block's own
+    figure stays as `measured_throughput`), and `round` numbers the replicate (round x blocks + block)."""
+    closed = blocks[blocks.request_rate.isna()].copy() if "request_rate" in blocks else blocks.copy()
+    closed["measured_throughput"] = closed.output_throughput
+    if "block" in closed:
+        closed["round"] = closed["round"] * (int(closed.block.max()) + 1) + closed.block
+    if "ratio" in closed and closed.ratio.notna().all():
+        reference = closed.groupby("concurrency").baseline_output_throughput.median()
+        closed["output_throughput"] = closed.ratio * closed.concurrency.map(reference)
+    return closed
+
+
+def block_noise(blocks: pd.DataFrame) -> float | None:
+    """The spread of one block's ratio: the standard deviation of each ratio's relative deviation from
+    its cell's mean, pooled over every cell with two or more blocks (cells whose ratio is 1 by
+    construction, the switched sweep's no-spec, left out). None without ratios."""
+    if "ratio" not in blocks or blocks.ratio.isna().all():
+        return None
+    devs = []
+    for _, g in blocks.groupby(["variant", "concurrency"]):
+        x = g.ratio.to_numpy(float)
+        if len(x) > 1 and not np.allclose(x, 1.0):
+            devs.append((x / x.mean() - 1) * np.sqrt(len(x) / (len(x) - 1)))
+    return float(np.sqrt(np.mean(np.concatenate(devs) ** 2))) if devs else None
+
+
 def aggregate_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
     """One row per variant and level: the median over rounds of every measured column; counts summed."""
     keys = ["variant", "concurrency"]
-    summed = ["completed", "failed", "total_output_tokens", "duration", "gate_steps_on", "gate_steps_off",
+    summed = ["completed", "cancelled", "failed", "total_output_tokens", "duration", "gate_steps_on", "gate_steps_off",
               "gate_switches", "gate_probes", "gate_flushes",
               "spec_verify", "spec_accepted", "spec_verify_resumed", "spec_accepted_resumed"]
-    first = ["engine", "server_version", "disable_at", "enable_at", "gate_mode", "accept_length_source"]
-    numeric = [c for c in rounds.columns if c not in keys + summed + first + ["round", "errors"]
+    first = ["engine", "server_version", "disable_at", "enable_at", "gate_mode", "accept_length_source", "design",
+             "first"]
+    numeric = [c for c in rounds.columns if c not in keys + summed + first + ["round", "errors", "request_rate"]
                and pd.api.types.is_numeric_dtype(rounds[c])]  # fmt: skip
     g = rounds.groupby(keys, sort=False)
     out = g[numeric].median()

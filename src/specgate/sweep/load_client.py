@@ -157,6 +157,8 @@ class Block:
     window_tokens: int
     whole_s: float
     whole_tokens: int
+    info_at_start: dict | None = None  # the server's /server_info at the steady window's ends (closed loop)
+    info_at_end: dict | None = None
 
     @property
     def steady_throughput(self) -> float:
@@ -204,15 +206,17 @@ async def closed_block(url: str, model: str, prompts: list[list[dict]], lengths:
         finally:
             watcher.cancel()
         t_start = time.perf_counter() - t_block
+        info_start = await server_info(url)  # the server's counters over the same window as the tokens
         await asyncio.sleep(window_s)
         t_end = time.perf_counter() - t_block
+        info_end = await server_info(url)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         whole_s = time.perf_counter() - t_block
     window_tokens = sum(r.tokens_by(t_end) - r.tokens_by(t_start) for r in records)
     whole_tokens = sum(r.chunk_tokens[-1] if r.chunk_tokens else 0 for r in records)
-    return Block(records, t_start, t_end - t_start, window_tokens, whole_s, whole_tokens)
+    return Block(records, t_start, t_end - t_start, window_tokens, whole_s, whole_tokens, info_start, info_end)
 
 
 def poisson_arrivals(rate: float, seconds: float, seed: int) -> list[float]:
@@ -383,8 +387,9 @@ def summarize_block(block: Block, slo: dict | None = None) -> dict:
 
 
 def block_counters(before: dict, after: dict) -> dict:
-    """What the server did during a block: accept length, the gate's counts, speculative counts, and
-    its own step times."""
+    """What the server did between two reads of its counters (a closed-loop block's steady window, an
+    open-loop block's whole span): accept length, the gate's counts, speculative counts, and its own
+    step times."""
     row = {}
     row["accept_length"], row["accept_length_source"] = accept_length(before, after)
     gate, gate_before = gate_counters(after), gate_counters(before)
@@ -424,6 +429,8 @@ async def measure_block(url: str, model: str, prompts, lengths, load: Load, *, v
                                  ignore_eos=ignore_eos, variant=variant, timeout_s=timeout_s)  # fmt: skip
     await wait_idle(url)
     after = await server_info(url)
+    if block.info_at_start is not None:  # closed loop: the server's figures over the steady window
+        before, after = block.info_at_start, block.info_at_end
     return summarize_block(block, slo) | block_counters(before, after), [r.to_dict() for r in block.records]
 
 
