@@ -30,7 +30,7 @@ class GateControl:
         self.generation = 0
         self.gates = {}  # settings (as canonical JSON) -> the gate that runs them
         self.gate = gate
-        self._seen = None  # (mtime_ns, size) of the file last read
+        self._seen = None  # (inode, mtime_ns, size) of the file last read
 
     def poll(self):
         """The gate to decide with now: a new one if the file changed since the last call."""
@@ -38,7 +38,7 @@ class GateControl:
             st = self.path.stat()
         except FileNotFoundError:
             return self.gate
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # write_control replaces the file: a new inode each time
         if stamp == self._seen:
             return self.gate
         self._seen = stamp

@@ -314,3 +314,33 @@ def test_first_and_slow_step_times_reach_the_log(caplog):
     with caplog.at_level("INFO", logger="specgate.gate"):
         g.note_time(1, True, 0.030)
     assert caplog.records[-1].getMessage() == "specgate step time: spec at batch 1, 30.00 ms (4.3x the fastest)"
+
+
+def test_a_control_file_switches_the_gate_between_steps_and_each_setting_keeps_its_state(tmp_path):
+    from specgate.gate_control import write_control
+
+    control = tmp_path / "gate_control.json"
+    g = TrueOffGate.__new__(TrueOffGate)
+    g.init_state({"disable_at": None, "control": str(control)}, pool=8, aux_dim=2, dtype=torch.float32, device="cpu")
+    g.worker, g.calls = "worker", []
+    g.plain_step = lambda batch, slots_cpu, on_publish: SimpleNamespace(kind="plain")
+    g.catch_up = lambda batch, slots_cpu, resume: g.buffers.reset(slots_cpu)
+    slots = [1, 2, 3]
+    g.forward(original, make_batch(slots, [10, 20, 30], extend=True), None)
+    assert g.forward(original, make_batch(slots, [10, 20, 30]), None).kind == "original"  # always on
+    assert g.counters()["control_generation"] == 0
+    write_control(control, 1, {"disable_at": 2})
+    assert g.forward(original, make_batch(slots, [11, 21, 31]), None).kind == "plain"  # batch 3 >= 2: off
+    first = g.gate
+    assert g.counters()["control_generation"] == 1 and g.counters()["disable_at"] == 2
+    write_control(control, 2, {"disable_at": None})
+    assert g.forward(original, make_batch(slots, [12, 22, 32]), None).kind == "original"
+    write_control(control, 3, {"disable_at": 2})
+    g.forward(original, make_batch(slots, [13, 23, 33]), None)
+    assert g.gate is first and g.gate.steps_off == 2  # the same setting: the same gate, its counts carried on
+    control.write_text("not json")  # a bad file changes nothing
+    assert g.forward(original, make_batch(slots, [14, 24, 34]), None).kind == "plain"
+    assert g.counters()["control_generation"] == 3
+    # the timed steps, by side, for the sweep's per-block step figures (off the GPU: the host clock)
+    counts = g.counters()["step_counters"]
+    assert counts["spec"][0] >= 1 and counts["plain"][0] >= 1 and counts["plain"][1] == 3 * counts["plain"][0]
