@@ -479,16 +479,53 @@ class Switcher:
                           f"(control file {entry.control})")  # fmt: skip
 
 
+def turn_order(entries: list[Entry], turn: int, order: str) -> list[Entry]:
+    """The blocks of one turn. "rotate": every entry once, the order rotating by one each turn, so no
+    entry always follows another. "sandwich": the entries other than the baseline, rotated the same
+    way, each between two baseline blocks (B v1 B v2 B ... vk B): a host whose speed drifts over
+    seconds (a shared VM's did by ±15% within a minute) then moves a block and the baseline beside it
+    alike, at the cost of k + 1 baseline blocks a turn instead of one."""
+    if order == "rotate":
+        k = turn % len(entries)
+        return entries[k:] + entries[:k]
+    base = [e for e in entries if e.baseline]
+    others = [e for e in entries if not e.baseline]
+    if not base or not others:
+        return turn_order(entries, turn, "rotate")
+    k = turn % len(others)
+    sequence = [base[0]]
+    for entry in others[k:] + others[:k]:
+        sequence += [entry, base[0]]
+    return sequence
+
+
+def baseline_beside(measured: list[tuple[Entry, dict, list]], position: int) -> dict | None:
+    """The baseline figures a block is divided by: the mean of the baseline blocks right before and after
+    it (sandwich), else the turn's one baseline block (rotate), else its own (the baseline itself)."""
+    entry = measured[position][0]
+    if entry.baseline:
+        return measured[position][1]
+    near = [m[1] for m in (measured[position - 1] if position else None,
+                           measured[position + 1] if position + 1 < len(measured) else None)
+            if m is not None and m[0].baseline]  # fmt: skip
+    if not near:
+        near = [m[1] for m in measured if m[0].baseline][:1]
+    if not near:
+        return None
+    return {k: (None if any(n.get(k) is None for n in near) else sum(n[k] for n in near) / len(near))
+            for k in BASELINE_COLUMNS}
+
+
 async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads: list[Load], *, blocks: int,
                        warmup_s: float, window_s: float, rate_window_s: float, ignore_eos: bool,
                        max_error_rate: float, seed: int = 0, timeout_s: float = 600, slo: dict | None = None,
-                       progress=None):  # fmt: skip
+                       order: str = "sandwich", progress=None):  # fmt: skip
     """Every load level against every entry, in turns: (records, rows).
 
-    At each level the entries take turns block by block, the order rotating by one each block so no
-    entry always follows another, with the same requests in the same order. Each row is one entry's
-    block, with the baseline's block of the same turn (`baseline_*`) and their ratio: figures
-    measured seconds apart, so drift of the host over the sweep cancels in the ratio.
+    At each level the entries take `blocks` turns, each on the same requests in the same order
+    (`turn_order`). Each row is one entry's block, with the baseline's figures beside it
+    (`baseline_*`, `baseline_beside`) and their ratio: figures measured seconds apart, so drift of
+    the host cancels in the ratio.
 
     A block whose error rate exceeds `max_error_rate` raises LevelFailed after its records are kept.
     An entry with `prime` gets one unmeasured block at that concurrency first: a gated server that
@@ -517,27 +554,29 @@ async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads
         seconds = window_s if load.rate is None else rate_window_s
         level_rows = []
         for b in range(blocks):
-            order = entries[b % len(entries):] + entries[: b % len(entries)]
-            measured, used = {}, 0
-            for entry in order:
+            sequence = turn_order(entries, b, order)
+            measured, used = [], 0
+            for entry in sequence:
                 await use(entry)
-                measured[id(entry)] = await measure_block(
+                row, records = await measure_block(
                     entry.url, model, prompts, lengths, load, variant=entry.name, warmup_s=warmup_s,
                     window_s=seconds, start=start, seed=seed * 100_003 + start, ignore_eos=ignore_eos,
                     timeout_s=timeout_s, slo=slo)  # fmt: skip
-                used = max(used, len(measured[id(entry)][1]))
-            base = measured[id(baseline)][0] if baseline is not None else None
-            for position, entry in enumerate(order):
-                row, records = measured[id(entry)]
+                measured.append((entry, row, records))
+                used = max(used, len(records))
                 failed = row["failed"]
                 total = row["completed"] + row["cancelled"] + failed
                 if failed / max(total, 1) > max_error_rate:
                     raise LevelFailed(f"{entry.name} at {load.name}: {failed} of {total} requests failed (error rate "
                                       f"above bench.max_error_rate {max_error_rate}): {row['errors']}")  # fmt: skip
-                if not entry.emit:
-                    continue
+            emitted_baseline = False
+            for position, (entry, row, records) in enumerate(measured):
+                if not entry.emit or (entry.baseline and emitted_baseline):
+                    continue  # a paired job's own no-spec server; the sandwich's later no-spec blocks
+                emitted_baseline |= entry.baseline
                 row = {"variant": entry.name, "concurrency": load.concurrency, "request_rate": load.rate, "block": b,
                        "position": position, **row}  # fmt: skip
+                base = baseline_beside(measured, position) if baseline is not None else None
                 if base is not None:
                     row |= {f"baseline_{k}": base.get(k) for k in BASELINE_COLUMNS}
                     row["ratio"] = row["output_throughput"] / base["output_throughput"]

@@ -119,15 +119,18 @@ def test_a_switched_sweep_runs_every_gate_on_one_server_beside_the_no_spec_serve
                                              max_error_rate=0.0))  # fmt: skip
     assert len(rows) == 2 * 2 * 3
     by = {(r["variant"], r["concurrency"], r["block"]): r for r in rows}
-    # the order rotates: each entry goes first in some block
-    assert {r["variant"] for r in rows if r["position"] == 0} == {"nospec", "always"}
+    # a sandwich: each turn is nospec, v, nospec, w, nospec, the variants' order rotating from one turn to the next
+    assert [(r["variant"], r["position"]) for r in rows[:3]] == [("nospec", 0), ("always", 1), ("gate_2", 3)]
+    assert [(r["variant"], r["position"]) for r in rows[3:6]] == [("nospec", 0), ("gate_2", 1), ("always", 3)]
     for c in (1, 3):
         for b in (0, 1):
             nospec, always, gate = by[("nospec", c, b)], by[("always", c, b)], by[("gate_2", c, b)]
             assert nospec["ratio"] == 1.0
-            # each ratio divides by the no-spec block of the same turn
-            assert always["ratio"] == pytest.approx(always["output_throughput"] / nospec["output_throughput"])
-            assert always["baseline_output_throughput"] == nospec["output_throughput"]
+            # each ratio divides by the mean of the no-spec blocks on either side: the turn's first is one of them
+            assert always["ratio"] == pytest.approx(always["output_throughput"] / always["baseline_output_throughput"])
+            first_beside = always if always["position"] == 1 else gate
+            assert min(nospec["output_throughput"], 2 * first_beside["baseline_output_throughput"]
+                       - nospec["output_throughput"]) > 0  # fmt: skip
             # the switch took effect before the block: always-on speculates on every step, as the server's own
             # step counters show, and the no-spec server runs plain steps only
             assert always["gate_steps_off"] == 0 and always["server_spec_steps"] > 0 and always["server_plain_steps"] == 0
@@ -140,13 +143,29 @@ def test_a_switched_sweep_runs_every_gate_on_one_server_beside_the_no_spec_serve
     assert {r["variant"] for r in records} == {"nospec", "always", "gate_2"}
 
 
+def test_turn_orders_rotate_or_sandwich_each_variant_between_baseline_blocks():
+    from specgate.sweep.load_client import baseline_beside, turn_order
+
+    n, a, b = Entry("nospec", "u", baseline=True), Entry("a", "v"), Entry("b", "v")
+    assert [e.name for e in turn_order([n, a, b], 1, "rotate")] == ["a", "b", "nospec"]
+    assert [e.name for e in turn_order([n, a, b], 0, "sandwich")] == ["nospec", "a", "nospec", "b", "nospec"]
+    assert [e.name for e in turn_order([n, a, b], 1, "sandwich")] == ["nospec", "b", "nospec", "a", "nospec"]
+    row = lambda t: {"output_throughput": t, "whole_throughput": t}  # noqa: E731
+    measured = [(n, row(10.0), []), (a, row(12.0), []), (n, row(14.0), []), (b, row(9.0), []), (n, row(8.0), [])]
+    assert baseline_beside(measured, 1)["output_throughput"] == 12.0 and baseline_beside(measured, 3)["output_throughput"] == 11.0
+    assert baseline_beside(measured, 0)["output_throughput"] == 10.0
+    rotated = [(a, row(12.0), []), (n, row(10.0), []), (b, row(9.0), [])]
+    assert baseline_beside(rotated, 2)["output_throughput"] == 10.0
+
+
 def test_a_paired_entry_reports_its_own_baseline_and_a_failing_server_fails_the_level(servers):
     base, spec, control = servers
     prompts = [p for p, _ in bench_requests(EVAL, 10, 0)]
     entries = [Entry("always", spec.url, gate={"disable_at": None}, control=str(control)),
                Entry("nospec", base.url, baseline=True, emit=False)]  # fmt: skip
     _, rows = asyncio.run(sweep_blocks(entries, "m", prompts, [16] * 10, [Load(concurrency=2)], blocks=2, warmup_s=0.2,
-                                       window_s=0.6, rate_window_s=1.0, ignore_eos=True, max_error_rate=0.0))  # fmt: skip
+                                       window_s=0.6, rate_window_s=1.0, ignore_eos=True, max_error_rate=0.0,
+                                       order="rotate"))  # fmt: skip
     assert [r["variant"] for r in rows] == ["always", "always"] and [r["position"] for r in rows] == [0, 1]
     assert all(r["ratio"] == pytest.approx(r["output_throughput"] / r["baseline_output_throughput"]) for r in rows)
     # a request the server refuses (longer than its context) is a failure, and the level stops
