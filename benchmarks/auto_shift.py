@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import shlex
 import statistics
 import sys
@@ -45,9 +46,18 @@ import numpy as np
 
 from specgate.sweep.bench import served_model
 from specgate.sweep.launcher import ServeSettings, Variant, reference_command, sglang_command
-from specgate.sweep.load_client import RequestRecord, bench_prompts, gate_counters, one_request, server_info, spread_length
+from specgate.sweep.load_client import RequestRecord, bench_prompts, gate_counters, one_request, server_info
 from specgate.sweep.managed_server import ManagedServer, free_port
 
+
+
+def spread_length(max_tokens: int, spread: float, i: int) -> int:
+    """Request i's output length: max_tokens x (1 - spread/2 + spread x u_i), u_i uniform, the same for every
+    variant. With one length for all, plain steps keep a closed loop's requests in step and their successors
+    share one prefill, while speculation staggers them into a prefill each."""
+    if spread <= 0:
+        return max_tokens
+    return max(1, round(max_tokens * (1 - spread / 2 + spread * random.Random(i).random())))
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
