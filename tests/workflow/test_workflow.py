@@ -58,7 +58,7 @@ def workdir(tmp_path_factory, tiny_llama_dir):
         {"name": "chats", "kind": "jsonl", "path": str(chats), "train": 40, "eval": 10},
         {"name": "humaneval", "kind": "humaneval", "train": 8, "eval": 4},
     ]
-    config["data"]["regenerate"] |= {"max_new_tokens": 16, "chunk_size": 16}
+    config["data"]["regenerate"] |= {"enabled": True, "max_new_tokens": 16, "chunk_size": 16}  # every stage runs
     config["tokenize"]["max_length"] = 128
     config["capture"] |= {"batch_tokens": 512, "shard_tokens": 2048}
     config["vocab"]["draft_vocab_size"] = 512
