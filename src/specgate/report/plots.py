@@ -65,30 +65,32 @@ def throughput(summary, path: Path) -> None:
     _save(fig, path)
 
 
-def latency(summary, path: Path) -> None:
+def _two_panels(frame, path: Path, *, order_by: str, x: str, columns: tuple, titles: tuple, xlabel: str,
+                title: str = "{}", log_x: bool = False) -> None:
+    """Two side-by-side panels, one line per variant through its levels."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, col, title in zip(axes, ("median_ttft_ms", "median_itl_ms"), ("median TTFT (ms)", "median ITL (ms)"), strict=True):
-        for v in _variant_order(summary.variant.unique()):
-            d = summary[summary.variant == v].sort_values("concurrency")
-            ax.plot(d.concurrency, d[col], marker="o", label=v)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="concurrency", ylabel=title, title=title)
+    for ax, col, name in zip(axes, columns, titles, strict=True):
+        for v in _variant_order(frame.variant.unique()):
+            d = frame[frame.variant == v].sort_values(order_by)
+            ax.plot(d[x], d[col], marker="o", label=v)
+        if log_x:
+            ax.set_xscale("log", base=2)
+        ax.set(xlabel=xlabel, ylabel=name, title=title.format(name))
     axes[0].legend()
     _save(fig, path)
+
+
+def latency(summary, path: Path) -> None:
+    _two_panels(summary, path, order_by="concurrency", x="concurrency", columns=("median_ttft_ms", "median_itl_ms"),
+                titles=("median TTFT (ms)", "median ITL (ms)"), xlabel="concurrency", log_x=True)
 
 
 def latency_throughput(cells, path: Path) -> None:
     """Open loop: p99 ITL and p99 TTFT against output throughput, one line per variant through its rates."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, col, title in zip(axes, ("p99_itl_ms", "p99_ttft_ms"), ("p99 ITL (ms)", "p99 TTFT (ms)"), strict=True):
-        for v in _variant_order(cells.variant.unique()):
-            d = cells[cells.variant == v].sort_values("request_rate")
-            ax.plot(d.output_throughput, d[col], marker="o", label=v)
-        ax.set(xlabel="output tok/s", ylabel=title, title=f"{title} against throughput (points: request rates)")
-    axes[0].legend()
-    _save(fig, path)
+    _two_panels(cells, path, order_by="request_rate", x="output_throughput", columns=("p99_itl_ms", "p99_ttft_ms"),
+                titles=("p99 ITL (ms)", "p99 TTFT (ms)"), xlabel="output tok/s",
+                title="{} against throughput (points: request rates)")
 
 
 def envelope(summary, path: Path) -> None:

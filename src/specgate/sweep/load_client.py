@@ -186,17 +186,13 @@ async def closed_block(url: str, model: str, prompts: list[list[dict]], lengths:
                 rec = RequestRecord(variant, concurrency, (start + k) % n)
                 records.append(rec)
                 await one_request(session, url, model, prompts[rec.index], lengths[rec.index], ignore_eos, rec, t_block)
-                if sum(r.ttft_s is not None or r.error is not None for r in records[:concurrency]) >= concurrency:
-                    first_tokens.set()
                 if rec.error is not None:
-                    first_tokens.set()
                     return  # a failing server: the block ends with its errors recorded
 
-        async def watch_first_tokens():
-            while not first_tokens.is_set():
-                if sum(r.ttft_s is not None for r in records[:concurrency]) >= concurrency:
-                    first_tokens.set()
+        async def watch_first_tokens():  # every first request streaming (or failed): the load is at c
+            while sum(r.ttft_s is not None or r.error is not None for r in records[:concurrency]) < concurrency:
                 await asyncio.sleep(0.01)
+            first_tokens.set()
 
         tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
         watcher = asyncio.create_task(watch_first_tokens())
