@@ -8,6 +8,9 @@ server:
   token, then counts the tokens streamed during the next `window_s` seconds (the steady window),
   then cancels what is in flight. Ramp-up and drain stay outside the window, so the phase of the
   load's waves does not enter the figure. The whole block's figure (ramp included) is kept beside it.
+  The block starts staggered: worker j's first request asks for (j + 1)/c of its length, so the
+  first requests end one after another as in a loop that has run for a while, not together in a
+  wave that refills all at once inside the window.
 - open loop at a request rate: Poisson arrivals for `window_s` seconds (the convention of
   `sglang.bench_serving --request-rate`), then every request runs to its end; latencies at p50 and
   p99, and goodput under an SLO.
@@ -48,6 +51,7 @@ class RequestRecord:
     max_tokens: int = 0
     error: str | None = None
     cancelled: bool = False  # still running when its closed-loop block ended: not an error
+    staggered: bool = False  # a closed-loop block's first request of a worker, cut to stagger the ends
     chunk_t: list[float] = field(default_factory=list, repr=False)  # since the block started
     chunk_tokens: list[int] = field(default_factory=list, repr=False)  # cumulative completion tokens
 
@@ -172,7 +176,8 @@ class Block:
 async def closed_block(url: str, model: str, prompts: list[list[dict]], lengths: list[int], concurrency: int, *,
                        warmup_s: float, window_s: float, start: int = 0, ignore_eos: bool = True, variant: str = "",
                        timeout_s: float = 600) -> Block:  # fmt: skip
-    """Keep `concurrency` requests in flight; count the tokens streamed in the steady window."""
+    """Keep `concurrency` requests in flight; count the tokens streamed in the steady window. Worker j's
+    first request is cut to (j + 1)/concurrency of its length (at least 1 token)."""
     n = len(prompts)
     records: list[RequestRecord] = []
     first_tokens = asyncio.Event()
@@ -183,9 +188,12 @@ async def closed_block(url: str, model: str, prompts: list[list[dict]], lengths:
         async def worker():
             while True:
                 k = len(records)
-                rec = RequestRecord(variant, concurrency, (start + k) % n)
+                rec = RequestRecord(variant, concurrency, (start + k) % n, staggered=k < concurrency)
                 records.append(rec)
-                await one_request(session, url, model, prompts[rec.index], lengths[rec.index], ignore_eos, rec, t_block)
+                length = lengths[rec.index]
+                if rec.staggered:  # residual lengths spread over (0, L], as in a loop already running
+                    length = max(1, -(-length * (k + 1) // concurrency))
+                await one_request(session, url, model, prompts[rec.index], length, ignore_eos, rec, t_block)
                 if rec.error is not None:
                     return  # a failing server: the block ends with its errors recorded
 
@@ -369,9 +377,10 @@ def summarize_block(block: Block, slo: dict | None = None) -> dict:
            "whole_throughput": block.whole_throughput, "duration": block.whole_s,
            "total_output_tokens": block.whole_tokens, "request_throughput": len(done) / block.whole_s}  # fmt: skip
     ttft = [r.ttft_s for r in started]
-    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    whole = [r for r in done if not r.staggered]  # a cut first request's E2E is not a request's
+    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in whole if r.output_tokens > 1]
     itl = [x for r in started for x in r.itl_s]
-    e2e = [r.e2e_s for r in done]
+    e2e = [r.e2e_s for r in whole]
     for name, vals in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e_latency", e2e)):
         row[f"mean_{name}_ms"] = _ms(vals)
         row[f"median_{name}_ms"] = _ms(vals, 50)

@@ -75,9 +75,10 @@ def test_a_closed_block_counts_the_tokens_streamed_in_its_steady_window_and_leav
     block = asyncio.run(closed_block(base.url, "m", prompts, lengths, 3, warmup_s=0.3, window_s=1.5))
     t_end = time.perf_counter()
     recs = block.records
-    # request k asked for the prompt and length of list entry k
+    # request k asked for the prompt and length of list entry k; worker j's first one for (j + 1)/3 of it
     assert [r.index for r in recs] == [k % 10 for k in range(len(recs))]
-    assert [r.max_tokens for r in recs] == [lengths[r.index] for r in recs]
+    assert [r.max_tokens for r in recs[:3]] == [134, 5, 13] and [r.staggered for r in recs[:4]] == [True] * 3 + [False]
+    assert [r.max_tokens for r in recs[3:]] == [lengths[r.index] for r in recs[3:]]
     assert len(recs) > 3 and block.window_start_s >= 0.3 and block.window_s == pytest.approx(1.5, abs=0.1)
     # the window's tokens are the per-chunk counts between its ends: fewer than the whole block's, more than 0
     t0, t1 = block.window_start_s, block.window_start_s + block.window_s
