@@ -13,7 +13,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe",
-           "reproducibility", "auto_shift", "trueoff_proof", "auto_gate_model", "sweep_noise"]
+           "reproducibility", "auto_shift", "trueoff_proof", "auto_gate_model", "sweep_noise", "decode_lines"]
 TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
 
@@ -301,3 +301,27 @@ def test_shift_request_lengths_vary_around_max_tokens_and_repeat_for_every_varia
     assert abs(sum(lengths) / len(lengths) - 48) < 1.5
     fixed = shift.parse_args(["--target", "t", "--drafter", "d", "--eval", "e.jsonl", "--length-spread", "0"])
     assert {shift.spread_length(fixed.max_tokens, fixed.length_spread, i) for i in range(50)} == {48}
+
+
+def test_decode_lines_keeps_the_speculative_servers_plain_steps_at_each_level(tmp_path):
+    # lines as SGLang 0.5.15 writes them (an H200 sweep's logs)
+    nospec = tmp_path / "nospec.log"
+    nospec.write_text(
+        "[2026-12-02 18:21:35] Decode batch, #running-req: 128, #token: 23834, token usage: 0.14, cuda graph: True, "
+        "gen throughput (token/s): 875.34, #queue-req: 0\n"
+        "[2026-12-02 18:21:36] Decode batch, #running-req: 124, #token: 26896, token usage: 0.16, cuda graph: True, "
+        "gen throughput (token/s): 6147.24, #queue-req: 0\n"
+        "[2026-12-02 18:21:37] Decode batch, #running-req: 126, #token: 26996, token usage: 0.16, cuda graph: True, "
+        "gen throughput (token/s): 6200.00, #queue-req: 0\n"
+        "[2026-12-02 18:21:38] Decode batch, #running-req: 60, #token: 9000, token usage: 0.05, cuda graph: True, "
+        "gen throughput (token/s): 4000.00, #queue-req: 0\n")  # fmt: skip
+    spec = tmp_path / "spec.log"
+    spec.write_text(
+        "[2026-12-02 18:21:39] Decode batch, #running-req: 128, #token: 27073, token usage: 0.07, accept len: 1.82, "
+        "accept rate: 0.27, cuda graph: True, gen throughput (token/s): 1909.69, #queue-req: 0\n"
+        "[2026-12-02 18:21:42] Decode batch, #running-req: 127, #token: 16949, token usage: 0.04, accept len: 1.00, "
+        "accept rate: 0.00, cuda graph: True, gen throughput (token/s): 5207.30, #queue-req: 30\n")  # fmt: skip
+    rows = load("decode_lines").main(["--nospec", str(nospec), "--spec", str(spec), "--concurrency", "64", "128"])
+    # c = 128: three no-spec lines (median 6,147), one plain-step line; the speculative line is left out
+    assert rows[1] == [128, 3, "6,147", 1, "5,207", f"{5207.30 / 6147.24:.3f}"]
+    assert rows[0][0] == 64 and rows[0][3] == 0 and rows[0][-1] == "-"  # 60 is not within 5% below 64
