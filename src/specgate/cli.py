@@ -77,6 +77,20 @@ def _check_tp_log(args) -> int:
     return check_logs(args.logs)
 
 
+def _launch_line(args) -> int:
+    import json
+    from pathlib import Path
+
+    rec = json.loads(Path(args.recommendation).read_text())
+    line = rec.get("launch")
+    if not line:
+        print(f"{args.recommendation}: no launch line (the report made no recommendation)", file=sys.stderr)
+        return 1
+    print(line["install"])
+    print(line["command"])
+    return 0
+
+
 def _rebuild_report(args) -> int:
     from specgate.report.archive import rebuild_report
 
@@ -133,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-tp-log", help="did every tensor-parallel rank of an SGLang server log gate alike?")
     p.add_argument("logs", nargs="+", help="server logs, e.g. results/logs/bench/gate_4.server.log")
     p.set_defaults(func=_check_tp_log)
+
+    p = sub.add_parser("launch-line", help="the commands that deploy a report's recommended gate")
+    p.add_argument("recommendation", nargs="?", default="results/report/recommendation.json")
+    p.set_defaults(func=_launch_line)
 
     p = sub.add_parser("rebuild-report", help="unpack an experiment archive and regenerate its report from its files")
     p.add_argument("archive", help="results/archive/<run-id>.tar.gz")

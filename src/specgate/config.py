@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -56,11 +57,38 @@ def _message(err) -> str:
     return f"config key '{key}': {err.message}"
 
 
+def in_place_problem(path: str | os.PathLike, dtype: str) -> str | None:
+    """Why the checkpoint at `path` cannot be served in place with `target.dtype`, or None."""
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        return f"{cfg_path} is missing: not a Hugging Face model directory"
+    cfg = json.loads(cfg_path.read_text())
+    if not any(path.glob("*.safetensors")):
+        bins = sorted(p.name for p in path.glob("*.bin"))
+        return f"{path} has no *.safetensors weights{f' (it has {bins}: save them as safetensors)' if bins else ''}"
+    tok = path / "tokenizer_config.json"
+    if not (path / "chat_template.jinja").is_file() and not (
+        tok.is_file() and json.loads(tok.read_text()).get("chat_template")
+    ):
+        return f"{path} has no chat template (tokenizer_config.json or chat_template.jinja); the data stages need one"
+    if not any(a.endswith("ForCausalLM") for a in cfg.get("architectures") or []):
+        return f"{cfg_path}: architectures {cfg.get('architectures')} has no *ForCausalLM"
+    stored = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
+    if dtype not in ("auto", stored):
+        return (f"target.dtype is {dtype} but the checkpoint is stored as {stored or 'an unknown dtype'}; a target "
+                f"is served in place, as stored: set target.dtype to auto")  # fmt: skip
+    return None
+
+
+
 def _semantic_checks(config: dict) -> list[str]:
     errors = []
     target = config["target"]
     if target["source"] == "hf_dir" and not target.get("path"):
         errors.append("config key 'target.path': required when target.source is hf_dir")
+    elif target["source"] == "hf_dir" and (problem := in_place_problem(target["path"], target["dtype"])):
+        errors.append(f"config key 'target.path': {problem}")
     if target["source"] == "hf_cache" and not target.get("model_id"):
         errors.append("config key 'target.model_id': required when target.source is hf_cache")
     sources = config["data"]["sources"]

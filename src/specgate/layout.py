@@ -69,21 +69,21 @@ def served_drafter(widened: bool) -> str:
     return DRAFTER_WIDENED if widened else DRAFTER
 
 
-def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool = False) -> dict:
+def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool = False, trained: bool = True) -> dict:
     """Every file the report reads, by the name `write_report` takes it under. Each bench summary
-    (`<variant>/round<r>.csv`) brings its per-request records (`.jsonl`) beside it."""
+    (`<variant>/round<r>.csv`) brings its per-request records (`.jsonl`) beside it. `trained`: the
+    drafter was trained here (else it came from drafter.path, and no training stage ran)."""
     inputs = {
         "target": served_target(widened),
         "data_summary": DATA_SUMMARY,
-        "tokens_summary": TOKENS_SUMMARY,
-        "capture_index": CAPTURE_INDEX,
-        "vocab_summary": VOCAB_SUMMARY,
-        "train_metrics": TRAIN_METRICS,
         "acceptance": ACCEPTANCE,
         "drafter": served_drafter(widened),
         "bench_summaries": list(bench_summaries),
         "bench_records": [s.removesuffix(".csv") + ".jsonl" for s in bench_summaries],
     }
+    if trained:
+        inputs |= {"tokens_summary": TOKENS_SUMMARY, "capture_index": CAPTURE_INDEX, "vocab_summary": VOCAB_SUMMARY,
+                   "train_metrics": TRAIN_METRICS}  # fmt: skip
     if regenerate:
         inputs["regen_summary"] = REGEN_SUMMARY
     if widened:

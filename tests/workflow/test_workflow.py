@@ -257,6 +257,43 @@ def test_the_paired_design_runs_each_variant_beside_its_own_no_spec_server_and_a
     assert planned_counts(out) == {"bench": 1, "report": 1} and "results/bench/gate_3/round0.csv" in out
 
 
+def test_an_existing_drafter_and_the_target_in_place_go_to_the_report_without_training(workdir, tmp_path):
+    """drafter.path: the drafter this run exported, copied elsewhere without specgate's files, as an
+    operator's drafter would come; the hf_dir target is served from its own directory."""
+    work, env = workdir
+    theirs = tmp_path / "their_drafter"
+    theirs.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(work / "results/drafter" / name, theirs / name)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["drafter"] = {"path": str(theirs)}
+    cfg["bench"] |= {"auto": False, "concurrency": [1, 2], "request_rates": [], "rounds": 1}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    plan = planned_jobs(snakemake(run, "-n", "results/report.md", env=env))
+    assert plan == {"target", "widen", "data", "drafter", "acceptance", "acceptance_unwidened", "bench", "report"}
+    snakemake(run, "results/report.md", env=env)
+    # the target's files are its own, linked; the drafter's are the operator's, linked
+    target = run / "results/target"
+    assert (target / "model.safetensors").is_symlink() and (target / "config.json").resolve().parent == Path(cfg["target"]["path"]).resolve()
+    assert json.loads((target / "manifest.json").read_text())["in_place"] is True
+    assert (run / "results/drafter/model.safetensors").resolve() == theirs / "model.safetensors"
+    for absent in ("tokenize", "capture", "vocab", "train", "export", "regenerate"):
+        assert not (run / f"results/logs/{absent}.log").exists(), absent
+    report = (run / "results/report.md").read_text()
+    assert f"Taken from `{theirs}` (`drafter.path`)" in report and "## Drafter training" not in report
+    assert "## Recommended threshold" in report and "## Deploy" in report
+    rec = json.loads((run / "results/report/recommendation.json").read_text())
+    launch = rec["launch"]
+    assert launch["variant"] in ("nospec", rec["pick"])
+    printed = subprocess.run([sys.executable, "-m", "specgate.cli", "launch-line", str(run / "results/report/recommendation.json")],
+                             capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    assert printed.splitlines() == [launch["install"], launch["command"]] and launch["command"] in report
+    assert str(run / "results/drafter_widened") in launch["command"] or launch["variant"] == "nospec"
+    assert (run / "results/report/training.png").exists() is False
+
+
 def test_archive_rebuilds_the_same_report_elsewhere(workdir, tmp_path):
     work, env = workdir
     snakemake(work, env=env)  # the default target: report and archive

@@ -1,9 +1,6 @@
 rule acceptance:
     input:
-        target=served_target(),
-        drafter=served_drafter(),
-        eval=paths.DATA_EVAL,
-        metrics=paths.TRAIN_METRICS,
+        unpack(acceptance_inputs),
     output:
         paths.ACCEPTANCE,
     log:
@@ -25,10 +22,7 @@ rule acceptance:
 # by side: widening changes the cost of a step, and should change no accepted token.
 use rule acceptance as acceptance_unwidened with:
     input:
-        target=paths.TARGET,
-        drafter=paths.DRAFTER,
-        eval=paths.DATA_EVAL,
-        metrics=paths.TRAIN_METRICS,
+        unpack(lambda wildcards: acceptance_inputs(wildcards, wide=False)),
     output:
         paths.ACCEPTANCE_UNWIDENED,
     log:

@@ -5,7 +5,7 @@ rule archive:
         unpack(report_inputs),
         report=paths.REPORT,
         provenance=paths.PROVENANCE,
-        plots=[paths.PLOT.format(name=name) for name in PLOTS],
+        plots=[paths.PLOT.format(name=name) for name in plot_names()],
         levels=paths.LEVELS,
         recommendation=paths.RECOMMENDATION,
     output:

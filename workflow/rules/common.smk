@@ -39,6 +39,30 @@ def widened():
     return config["target"]["widen"] is not None
 
 
+def trained():
+    """No drafter.path: the workflow trains the drafter (data, capture, vocab, train, export)."""
+    return config["drafter"]["path"] is None
+
+
+def acceptance_inputs(wildcards, wide=None):
+    """The served pair (or the narrow one: wide=False), the eval prompts, and the training metrics
+    that predict τ where the drafter was trained here."""
+    wide = widened() if wide is None else wide
+    inputs = {
+        "target": paths.served_target(wide),
+        "drafter": paths.served_drafter(wide),
+        "eval": paths.DATA_EVAL,
+    }
+    if trained():
+        inputs["metrics"] = paths.TRAIN_METRICS
+    return inputs
+
+
+def plot_names():
+    """The report's plots: the training curves only where the drafter was trained here."""
+    return [name for name in PLOTS if name != "training" or trained()]
+
+
 def served_target(wildcards=None):
     return paths.served_target(widened())
 
@@ -54,6 +78,13 @@ def export_inputs(wildcards):
     return inputs
 
 
+def drafter_inputs():
+    inputs = {"target": paths.TARGET}
+    if widened():
+        inputs["widened_target"] = paths.TARGET_WIDENED
+    return inputs
+
+
 def export_outputs():
     """The drafter for the target; with target.widen also the drafter widened the same way."""
     outputs = {"drafter": directory(paths.DRAFTER)}
@@ -64,7 +95,8 @@ def export_outputs():
 
 def report_inputs(wildcards):
     return paths.report_inputs(
-        regenerate=config["data"]["regenerate"]["enabled"],
+        regenerate=config["data"]["regenerate"]["enabled"] and trained(),
+        trained=trained(),
         bench_summaries=bench_summaries(),
         widened=widened(),
     )

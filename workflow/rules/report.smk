@@ -12,7 +12,7 @@ rule report:
                 caption=f"../report/{name}.rst",
                 category="Results",
             )
-            for name in PLOTS
+            for name in plot_names()
         ],
     log:
         paths.log("report"),

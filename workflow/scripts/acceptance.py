@@ -6,7 +6,7 @@ with stage_log(snakemake.log[0]):
         snakemake.input.target,
         snakemake.input.drafter,
         snakemake.input.eval,
-        snakemake.input.metrics,
+        snakemake.input.get("metrics"),  # absent for a drafter taken from drafter.path
         snakemake.output[0],
         device=snakemake.params.device,
         **snakemake.params.acceptance,

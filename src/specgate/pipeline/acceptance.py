@@ -34,7 +34,7 @@ def predicted_tau(metrics_csv: str, k: int, last: int = 20) -> float | None:
     return tau
 
 
-def measure_acceptance(target_dir: str, draft_dir: str, eval_jsonl: str, metrics_csv: str, out_csv: str, *,
+def measure_acceptance(target_dir: str, draft_dir: str, eval_jsonl: str, metrics_csv: str | None, out_csv: str, *,
                        num_steps: list[int], max_new_tokens: int, prompts_per_source: int, batch_size: int = 16,
                        max_prompt_tokens: int = 1024, device: str = "cpu") -> list[dict]:  # fmt: skip
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -66,7 +66,7 @@ def measure_acceptance(target_dir: str, draft_dir: str, eval_jsonl: str, metrics
                 steps += sum(r.verify_steps for r in reqs)
                 produced += sum(r.accepted_tokens for r in reqs)
             row = {"source": source, "num_steps": k, "prompts": len(prompts), "verify_steps": steps,
-                   "tau": round(produced / max(steps, 1), 4), "tau_hat_train": predicted_tau(metrics_csv, k),
+                   "tau": round(produced / max(steps, 1), 4), "tau_hat_train": predicted_tau(metrics_csv, k) if metrics_csv else None,
                    "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
             log.info("acceptance %s", row)
             per_step_ms = 1e3 * timing["decode_s"] / max(timing["steps"], 1)

@@ -129,9 +129,14 @@ def check_draft(draft_dir: str | Path, target_dir: str | Path) -> list[str]:
     if not weights_path.exists():
         raise DraftContractError(_report(draft_dir, [f"{weights_path.name}: missing"]))
     expected = expected_shapes(cfg)
+    # what SGLang also loads: the drafter's own embedding (SpecForge saves one), and the layer under
+    # its newer name (layers.0 for midlayer)
+    optional = {"embed_tokens.weight": (cfg["vocab_size"], cfg["hidden_size"])}
     with safe_open(str(weights_path), framework="pt") as f:
-        names = set(f.keys())
-        tensors = {n: f.get_tensor(n) for n in names & set(expected)}
+        stored = {n.replace("layers.0.", "midlayer.", 1) if n.startswith("layers.0.") else n: n for n in f.keys()}  # noqa: SIM118
+        names = set(stored)
+        expected |= {n: shape for n, shape in optional.items() if n in names}
+        tensors = {n: f.get_tensor(stored[n]) for n in names & set(expected)}
     for name in sorted(names - set(expected)):
         problems.append(f"model.safetensors: unexpected tensor {name!r} (SGLang would silently ignore it)")
     for name in sorted(set(expected) - names):

@@ -63,7 +63,7 @@ def write_archive(out: str, *, run_id: str, config: dict, report_inputs: dict, e
     freeze = _run([sys.executable, "-m", "pip", "freeze"])
     commit = _run(["git", "-C", repo, "rev-parse", "HEAD"]).strip()
     status = _run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"]).strip()
-    with atomic_path(out) as tmp, tarfile.open(tmp, "w:gz") as tar:
+    with atomic_path(out) as tmp, tarfile.open(tmp, "w:gz", dereference=True) as tar:  # links: the files
         for f in sorted(set(files)):
             tar.add(f, arcname=f"{run_id}/{f}", recursive=False)
         meta = f"{run_id}/meta"

@@ -19,6 +19,7 @@ from specgate import layout
 from specgate.files import atomic_path, read_jsonl, write_json
 from specgate.gate import RESUMED_STEPS
 from specgate.report import cost_model as cm
+from specgate.report import deploy
 from specgate.report import plots
 from specgate.report import sweep_tables as st
 from specgate.report import uncertainty as un
@@ -35,7 +36,7 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-STAGES = ["target", "data", "regenerate", "tokenize", "capture", "vocab", "train", "export", "acceptance"]
+STAGES = ["target", "data", "regenerate", "tokenize", "capture", "vocab", "train", "export", "drafter", "acceptance"]
 
 
 def stage_times(bench_dir: Path, stages: list[str]) -> list[list]:
@@ -79,18 +80,20 @@ def build_report(out: str, *, provenance_out: str, repo: str, config: dict, leve
         prov["engine"] = str(first.engine.iloc[0])
         prov["server_version"] = str(first.server_version.iloc[0])
     write_json(provenance_out, prov)
-    write_report(out, config=config, provenance=prov, levels_out=levels_out, recommendation_out=recommendation_out, **inputs)
+    write_report(out, config=config, provenance=prov, levels_out=levels_out, recommendation_out=recommendation_out,
+                 repo=repo, **inputs)  # fmt: skip
 
 
-def write_report(out: str, *, config: dict, provenance: dict, target: str, data_summary: str, tokens_summary: str,
-                 capture_index: str, vocab_summary: str, train_metrics: str, acceptance: str, drafter: str,
+def write_report(out: str, *, config: dict, provenance: dict, target: str, data_summary: str, acceptance: str,
+                 drafter: str, tokens_summary: str | None = None, capture_index: str | None = None,
+                 vocab_summary: str | None = None, train_metrics: str | None = None,
                  bench_summaries: list[str] = (), regen_summary: str | None = None,
                  acceptance_unwidened: str | None = None, bench_records: list[str] = (),
                  levels_out: str | None = None, recommendation_out: str | None = None, stage_times_dir: str = layout.STAGE_TIMES,
-                 plots_dir: str | None = None) -> None:  # fmt: skip
+                 plots_dir: str | None = None, repo: str | None = None) -> None:  # fmt: skip
     prov = provenance
     manifest = _json(Path(target) / "manifest.json")
-    data, tokens, cap, vocab = map(_json, (data_summary, tokens_summary, capture_index, vocab_summary))
+    data = _json(data_summary)
     parts = [f"# specgate report: {config['run_name']}", "", "## Provenance", ""]
     parts.append(_table(["item", "value"], [
         ["git commit", f"{prov['commit']}{' (dirty)' if prov['dirty'] else ''}"],
@@ -106,6 +109,10 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     parts.append(_table(["architecture", "layers", "hidden", "vocab", "params", "dtype", "source"], [[
         manifest["architecture"], manifest["num_hidden_layers"], manifest["hidden_size"], manifest["vocab_size"],
         f"{manifest['num_parameters'] / 1e6:.1f} M", manifest["dtype"], manifest["source"]]]))  # fmt: skip
+    if manifest.get("in_place"):
+        rev = f" at revision {manifest['revision']}" if manifest.get("revision") else ""
+        parts += ["", f"Served in place from `{manifest['path']}`{rev}: `{target}` links to its files (config "
+                      f"sha256 {manifest['config_sha256'][:12]}); nothing was copied."]  # fmt: skip
     if "widened_from" in manifest:
         frm, to = manifest["widened_from"], manifest["widened_to"]
         parts += ["", f"Served widened (`target.widen`): the {frm['num_parameters'] / 1e6:.1f} M-parameter target "
@@ -128,23 +135,31 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
                       + (f"at {r['tokens_per_s']:,.0f} tok/s ({r['generated_tokens']:,} tokens generated in this run)."
                          if r["tokens_per_s"] else
                          f"(all {r['chunks_reused']} parts reused from an earlier run: no tokens generated in this one).")]  # fmt: skip
-    parts += ["", f"Tokenized: {tokens['sequences']} sequences, {tokens['tokens']} tokens, {tokens['loss_tokens']} "
-                  f"under the loss mask; {tokens['truncated_to_max_length']} truncated to {tokens['max_length']}, "
-                  f"skipped: {tokens['skipped']}."]  # fmt: skip
+    if train_metrics:  # the drafter was trained here
+        tokens, cap, vocab = map(_json, (tokens_summary, capture_index, vocab_summary))
+        parts += ["", f"Tokenized: {tokens['sequences']} sequences, {tokens['tokens']} tokens, {tokens['loss_tokens']} "
+                      f"under the loss mask; {tokens['truncated_to_max_length']} truncated to {tokens['max_length']}, "
+                      f"skipped: {tokens['skipped']}."]  # fmt: skip
 
-    parts += ["", "## Hidden-state capture", ""]
-    parts.append(_table(["layers (SGLang)", "HF hidden_states", "sequences", "tokens", "shards", "size", "dtype", "tok/s (last run)"], [[
-        cap["layers_sglang"], cap["hidden_state_indices_hf"], cap["sequences"], cap["tokens"], len(cap["shards"]),
-        f"{cap['bytes'] / 2**30:.2f} GiB", cap["dtype"], cap["last_run"]["tokens_per_s_rank0"]]]))  # fmt: skip
+        parts += ["", "## Hidden-state capture", ""]
+        parts.append(_table(["layers (SGLang)", "HF hidden_states", "sequences", "tokens", "shards", "size", "dtype", "tok/s (last run)"], [[
+            cap["layers_sglang"], cap["hidden_state_indices_hf"], cap["sequences"], cap["tokens"], len(cap["shards"]),
+            f"{cap['bytes'] / 2**30:.2f} GiB", cap["dtype"], cap["last_run"]["tokens_per_s_rank0"]]]))  # fmt: skip
 
-    parts += ["", "## Draft vocabulary", ""]
-    parts.append(_table(["draft vocab", "target vocab", "distinct masked tokens", "coverage", "padded"], [[
-        vocab["draft_vocab_size"], vocab["target_vocab_size"], vocab["distinct_masked_tokens"],
-        f"{vocab['coverage']:.4f}", vocab["padded_with_unused_ids"]]]))  # fmt: skip
+        parts += ["", "## Draft vocabulary", ""]
+        parts.append(_table(["draft vocab", "target vocab", "distinct masked tokens", "coverage", "padded"], [[
+            vocab["draft_vocab_size"], vocab["target_vocab_size"], vocab["distinct_masked_tokens"],
+            f"{vocab['coverage']:.4f}", vocab["padded_with_unused_ids"]]]))  # fmt: skip
 
-    parts += ["", "## Drafter training", "", training_summary(train_metrics)]
+        parts += ["", "## Drafter training", "", training_summary(train_metrics)]
     drafter_cfg = _json(Path(drafter) / "config.json")
-    parts += ["", f"Exported to `{drafter}` ({drafter_cfg['draft_vocab_size']}-token draft vocabulary, aux layers "
+    origin = Path(drafter) / "origin.json"
+    if not train_metrics:
+        taken = _json(origin)["path"] if origin.exists() else config["drafter"]["path"]
+        parts += ["", "## Drafter", "", f"Taken from `{taken}` (`drafter.path`), not trained here: data regeneration, "
+                  "tokenize, capture, vocab and training did not run."]  # fmt: skip
+    parts += ["", f"{'Exported to' if train_metrics else 'Served from'} `{drafter}` "
+                  f"({drafter_cfg['draft_vocab_size']}-token draft vocabulary, aux layers "
                   f"{drafter_cfg['eagle_config']['eagle_aux_hidden_state_layer_ids']}); the SGLang contract check passed."]  # fmt: skip
     parts += ["", "## Acceptance length (offline, greedy)", ""]
     with open(acceptance) as f:
@@ -161,7 +176,7 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
         parts += ["", "The same prompts on the target and drafter before widening (`" + acceptance_unwidened + "`):", "",
                   _table(["source", "k", "τ before widening", "τ widened", "ratio"], rows)]  # fmt: skip
 
-    if plots_dir:
+    if plots_dir and train_metrics:
         plots.training(pd.read_csv(train_metrics), Path(plots_dir) / "training.png")
         parts += ["", f"![training curves]({_rel(plots_dir, out)}/training.png)"]
     sweep = decision = None
@@ -184,8 +199,13 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
         if levels_out:
             with atomic_path(levels_out) as tmp:
                 sweep.to_csv(tmp, index=False)
+    line = None
+    if decision is not None:
+        line = deploy.launch(config, decision, target, drafter, str(Path(out).with_suffix("")), repo)
     if recommendation_out:
         rec = decision.to_dict() if decision else {"verdict": None}
+        if line is not None:
+            rec["launch"] = line
         if bench_summaries:
             rec["open_loop_best"] = {f"{r:g}": b for r, b in open_best.items()}
             rec["block_noise"] = un.block_noise(st.closed(blocks))
@@ -204,6 +224,8 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
         total = sum(float(r[1]) for r in times)
         parts += ["", "## Stage times (Snakemake benchmarks of the last run of each stage)", "",
                   _table(["stage", "wall s", "max RSS MB"], [*times, ["total", f"{total:.1f}", ""]])]  # fmt: skip
+    if line is not None:
+        parts += deploy.section(line)
     parts.append("")
     with atomic_path(out) as tmp:
         tmp.write_text("\n".join(parts))

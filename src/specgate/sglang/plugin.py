@@ -44,6 +44,10 @@ MODES = ("true-off", "sglang-steps0")
 KEYS = {"mode", "num_steps", "disable_at", "enable_at", "min_dwell_steps", "buffer_tokens", "buffer_rows",
         "sync_free_seq_lens", "check_mirror_every", "auto", "control"}
 LOG_EVERY = 1000  # decisions between counter lines
+# each key's type and smallest value, checked before the gate is built (make_gate checks how they combine)
+VALUES = {"disable_at": (int, 1), "enable_at": (int, 0), "min_dwell_steps": (int, 0), "auto": (dict, None),
+          "num_steps": (int, 1), "buffer_tokens": (int, 1), "buffer_rows": (int, 1), "check_mirror_every": (int, 0),
+          "sync_free_seq_lens": (bool, None), "control": (str, None)}  # fmt: skip
 
 
 def gate_settings() -> dict | None:
@@ -56,6 +60,14 @@ def gate_settings() -> dict | None:
         raise ValueError(f"{ENV}: unknown keys {sorted(unknown)}")
     if settings.setdefault("mode", "true-off") not in MODES:
         raise ValueError(f"{ENV}: mode must be one of {MODES}, got {settings['mode']!r}")
+    for key, (kind, least) in VALUES.items():
+        value = settings.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{ENV}: {key} must be {'an integer' if kind is int else kind.__name__}, got {value!r}")
+        if least is not None and value < least:
+            raise ValueError(f"{ENV}: {key} must be at least {least}, got {value!r}")
     make_gate(settings)  # the thresholds or the auto gate's settings are checked here, before any hook exists
     if settings.get("auto") is not None and settings["mode"] != "true-off":
         raise ValueError(f"{ENV}: the auto gate needs mode true-off (it times plain and speculative steps)")

@@ -177,3 +177,20 @@ def reference_command(s: ServeSettings, v: Variant, port: int, control: str | No
         if v.enable_at is not None:
             cmd += ["--enable-at", str(v.enable_at)]
     return cmd + list(s.extra_args), dict(os.environ, **s.env)
+
+
+def launch_line(engine: str, s: ServeSettings, v: Variant, work_dir: str | Path, port: int = 30000) -> dict:
+    """What deploys variant `v` outside the sweep: {"env": the variables to set, "argv": the server
+    command, "command": both as one shell line}. The same flags the sweep's server ran with, on `port`
+    and without the sweep's run-time gate control."""
+    import shlex
+
+    if engine == "sglang":
+        argv, env = sglang_command(s, v, port, work_dir)
+        argv = ["python", *argv[1:]]
+    else:
+        argv, env = reference_command(s, v, port)
+        argv = ["specgate", *argv[3:]]  # python -m specgate.cli serve ... -> specgate serve ...
+    keep = {k: env[k] for k in sorted(set(s.env) | {GATE_ENV}) if k in env}
+    line = " ".join([*(f"{k}={shlex.quote(val)}" for k, val in keep.items()), *map(shlex.quote, argv)])
+    return {"variant": v.name, "env": keep, "argv": argv, "command": line}

@@ -209,3 +209,19 @@ def test_release_and_per_request_metrics_through_sglangs_own_classes(hooked):
     else:  # SGLang alone counts them as verify steps that accepted nothing
         assert per_request == [(3, [2, 0, 1], 5), (3, [3], 3)]
         assert r["meta_info"]["spec_accept_length"] == 4.5  # completion tokens / verify steps
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"disable_at": "8"}, "disable_at must be an integer"),
+    ({"disable_at": 8, "buffer_tokens": 0}, "buffer_tokens must be at least 1"),
+    ({"disable_at": 8, "sync_free_seq_lens": 1}, "sync_free_seq_lens must be bool"),
+    ({"disable_at": 8, "enable_at": 9}, "enable_at must be in [0, disable_at)"),
+    ({"disable_at": 8, "treshold": 4}, "unknown keys ['treshold']"),
+])  # fmt: skip
+def test_a_bad_gate_setting_is_one_line_naming_the_key(monkeypatch, settings, message):
+    from specgate.sglang.plugin import gate_settings
+
+    monkeypatch.setenv("SPECGATE_GATE", json.dumps(settings))
+    with pytest.raises(ValueError) as e:
+        gate_settings()
+    assert message in str(e.value) and "\n" not in str(e.value)

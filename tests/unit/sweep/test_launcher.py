@@ -97,3 +97,26 @@ def test_the_auto_variant_in_both_engines(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "true_off_unavailable", lambda: "SGLang 0.5.23 is not 0.5.15")
     with pytest.raises(ValueError, match="bench.auto: the auto gate needs specgate's true-off gate"):
         sglang_command(s, auto, 31000, tmp_path)
+
+
+def test_the_launch_line_is_the_sweeps_command_with_only_the_variables_it_sets(tmp_path, monkeypatch):
+    import shlex
+
+    from specgate.sweep.launcher import launch_line
+
+    monkeypatch.setenv("UNRELATED", "x")
+    s = ServeSettings("/m/target", "/m/drafter", num_steps=3, max_running=64, attention_backend="triton",
+                      extra_args=["--grammar-backend", "none"], env={"SGLANG_PLUGINS": "specgate_gate"})  # fmt: skip
+    line = launch_line("sglang", s, Variant("gate_8", True, 8), tmp_path)
+    assert line["argv"][:3] == ["python", "-m", "sglang.launch_server"] and _flag(line["argv"], "--port") == "30000"
+    assert set(line["env"]) == {"SGLANG_PLUGINS", "SPECGATE_GATE"}
+    gate = json.loads(line["env"]["SPECGATE_GATE"])
+    assert gate["disable_at"] == 8 and gate["mode"] == "true-off" and "control" not in gate
+    # the shell line parses back to the same variables and command
+    words = shlex.split(line["command"])
+    assert words[:2] == [f"SGLANG_PLUGINS={line['env']['SGLANG_PLUGINS']}", f"SPECGATE_GATE={line['env']['SPECGATE_GATE']}"]
+    assert words[2:] == line["argv"]
+    ref = launch_line("reference", s, Variant("gate_8", True, 8), tmp_path)
+    assert ref["argv"][:2] == ["specgate", "serve"] and _flag(ref["argv"], "--disable-at") == "8"
+    plain = launch_line("sglang", s, Variant("nospec", False), tmp_path)
+    assert "SPECGATE_GATE" not in plain["env"] and "--speculative-algorithm" not in plain["argv"]
