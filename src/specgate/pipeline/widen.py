@@ -70,13 +70,14 @@ def widen_target(narrow_dir: str | os.PathLike, out_dir: str | os.PathLike, wide
         write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total_bytes}, "weight_map": weight_map})
         write_json(tmp / "config.json", widened_config(cfg, to))
         manifest = {
-            **narrow,
+            # the widened model is a new checkpoint here, not the narrow one served in place
+            **{k: v for k, v in narrow.items() if k not in ("in_place", "path", "revision")},
             "num_hidden_layers": to.num_layers,
             "hidden_size": to.hidden_size,
             "num_parameters": total,
             "weights": {name: sha256_file(tmp / name) for name in names},
             "widened_from": {
-                "path": str(narrow_dir),
+                "path": narrow.get("path", str(narrow_dir)),
                 "shape": asdict(Widening.of(cfg)),
                 "weights": narrow["weights"],
                 "num_parameters": narrow["num_parameters"],

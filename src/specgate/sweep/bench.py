@@ -177,7 +177,7 @@ def run_variant(variant: dict | list[dict], *, engine: str, serve: dict, bench: 
             entries, model, prompts, lengths, all_loads, blocks=bench["blocks"], warmup_s=bench["warmup_s"],
             window_s=bench["window_s"], rate_window_s=bench["rate_window_s"], ignore_eos=bench["ignore_eos"],
             max_error_rate=bench["max_error_rate"], seed=seed + 7919 * round, timeout_s=bench["request_timeout"],
-            slo=bench["slo"], order=bench["order"], progress=progress))  # fmt: skip
+            slo=bench["slo"], order=bench["order"], stagger=bench["stagger"], progress=progress))  # fmt: skip
     bar.close()
     by_name = {v.name: v for v in chosen}
     summary = pd.DataFrame(rows)

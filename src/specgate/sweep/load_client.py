@@ -8,9 +8,10 @@ server:
   token, then counts the tokens streamed during the next `window_s` seconds (the steady window),
   then cancels what is in flight. Ramp-up and drain stay outside the window, so the phase of the
   load's waves does not enter the figure. The whole block's figure (ramp included) is kept beside it.
-  The block starts staggered: worker j's first request asks for (j + 1)/c of its length, so the
-  first requests end one after another as in a loop that has run for a while, not together in a
-  wave that refills all at once inside the window.
+  With `stagger`, worker j's first request asks for (j + 1)/c of its length, so the first requests
+  end one after another as in a loop that has run for a while, and the window sees the loop's
+  refills (their prefills) as the steady state has them. Without it every first request starts
+  together, and a window shorter than a request's life sees decode steps only.
 - open loop at a request rate: Poisson arrivals for `window_s` seconds (the convention of
   `sglang.bench_serving --request-rate`), then every request runs to its end; latencies at p50 and
   p99, and goodput under an SLO.
@@ -175,9 +176,9 @@ class Block:
 
 async def closed_block(url: str, model: str, prompts: list[list[dict]], lengths: list[int], concurrency: int, *,
                        warmup_s: float, window_s: float, start: int = 0, ignore_eos: bool = True, variant: str = "",
-                       timeout_s: float = 600) -> Block:  # fmt: skip
-    """Keep `concurrency` requests in flight; count the tokens streamed in the steady window. Worker j's
-    first request is cut to (j + 1)/concurrency of its length (at least 1 token)."""
+                       timeout_s: float = 600, stagger: bool = False) -> Block:  # fmt: skip
+    """Keep `concurrency` requests in flight; count the tokens streamed in the steady window. With
+    `stagger`, worker j's first request is cut to (j + 1)/concurrency of its length (at least 1 token)."""
     n = len(prompts)
     records: list[RequestRecord] = []
     first_tokens = asyncio.Event()
@@ -188,7 +189,7 @@ async def closed_block(url: str, model: str, prompts: list[list[dict]], lengths:
         async def worker():
             while True:
                 k = len(records)
-                rec = RequestRecord(variant, concurrency, (start + k) % n, staggered=k < concurrency)
+                rec = RequestRecord(variant, concurrency, (start + k) % n, staggered=stagger and k < concurrency)
                 records.append(rec)
                 length = lengths[rec.index]
                 if rec.staggered:  # residual lengths spread over (0, L], as in a loop already running
@@ -422,13 +423,13 @@ class Load:
 
 async def measure_block(url: str, model: str, prompts, lengths, load: Load, *, variant: str, warmup_s: float,
                         window_s: float, start: int, seed: int, ignore_eos: bool, timeout_s: float,
-                        slo: dict | None) -> tuple[dict, list[dict]]:  # fmt: skip
+                        slo: dict | None, stagger: bool = False) -> tuple[dict, list[dict]]:  # fmt: skip
     """One block on one server: (its summary row with the server's counters, its request records)."""
     before = await server_info(url)
     if load.rate is None:
         block = await closed_block(url, model, prompts, lengths, load.concurrency, warmup_s=warmup_s,
                                    window_s=window_s, start=start, ignore_eos=ignore_eos, variant=variant,
-                                   timeout_s=timeout_s)  # fmt: skip
+                                   timeout_s=timeout_s, stagger=stagger)  # fmt: skip
     else:
         block = await open_block(url, model, prompts, lengths, load.rate, window_s=window_s, seed=seed, start=start,
                                  ignore_eos=ignore_eos, variant=variant, timeout_s=timeout_s)  # fmt: skip
@@ -524,7 +525,7 @@ def baseline_beside(measured: list[tuple[Entry, dict, list]], position: int) -> 
 async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads: list[Load], *, blocks: int,
                        warmup_s: float, window_s: float, rate_window_s: float, ignore_eos: bool,
                        max_error_rate: float, seed: int = 0, timeout_s: float = 600, slo: dict | None = None,
-                       order: str = "sandwich", progress=None):  # fmt: skip
+                       order: str = "sandwich", stagger: bool = False, progress=None):  # fmt: skip
     """Every load level against every entry, in turns: (records, rows).
 
     At each level the entries take `blocks` turns, each on the same requests in the same order
@@ -566,7 +567,7 @@ async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads
                 row, records = await measure_block(
                     entry.url, model, prompts, lengths, load, variant=entry.name, warmup_s=warmup_s,
                     window_s=seconds, start=start, seed=seed * 100_003 + start, ignore_eos=ignore_eos,
-                    timeout_s=timeout_s, slo=slo)  # fmt: skip
+                    timeout_s=timeout_s, slo=slo, stagger=stagger)  # fmt: skip
                 measured.append((entry, row, records))
                 used = max(used, len(records))
                 failed = row["failed"]

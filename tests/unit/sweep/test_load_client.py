@@ -72,7 +72,7 @@ def test_a_closed_block_counts_the_tokens_streamed_in_its_steady_window_and_leav
     base, _, _ = servers
     prompts = [p for p, _ in bench_requests(EVAL, 10, 0)]
     lengths = [400, 7, 13, 400, 22, 9, 31, 5, 17, 26]
-    block = asyncio.run(closed_block(base.url, "m", prompts, lengths, 3, warmup_s=0.3, window_s=1.5))
+    block = asyncio.run(closed_block(base.url, "m", prompts, lengths, 3, warmup_s=0.3, window_s=1.5, stagger=True))
     t_end = time.perf_counter()
     recs = block.records
     # request k asked for the prompt and length of list entry k; worker j's first one for (j + 1)/3 of it
