@@ -27,7 +27,7 @@ from specgate import layout
 from specgate.files import atomic_path, read_json
 
 # Report inputs that are directories: only these files inside them are needed to rebuild.
-_DIR_FILES = {"target": ["manifest.json"], "drafter": ["config.json"]}
+_DIR_FILES = {"target": ["manifest.json"], "drafter": ["config.json", "origin.json"]}  # those that exist
 
 
 def _run(cmd: list[str], cwd: str | None = None) -> str:
@@ -51,7 +51,7 @@ def write_archive(out: str, *, run_id: str, config: dict, report_inputs: dict, e
                 names = _DIR_FILES[key]
                 if key == "drafter" and include_drafter:
                     names = sorted(os.listdir(path))
-                files += [str(Path(path) / n) for n in names]
+                files += [str(Path(path) / n) for n in names if (Path(path) / n).exists()]
             else:
                 files.append(path)
     bench_dir = Path(layout.STAGE_TIMES)
@@ -92,7 +92,8 @@ def rebuild_report(archive: str, dest: str) -> Path:
     (root / layout.REPORT).rename(root / layout.REPORT.replace(".md", ".archived.md"))
     bench = sorted(str(p.relative_to(root)) for p in (root / layout.RESULTS / "bench").glob("*/round*.csv"))
     inputs = layout.report_inputs(regenerate=(root / layout.REGEN_SUMMARY).exists(), bench_summaries=bench,
-                                  widened=(root / layout.TARGET_WIDENED).exists())
+                                  widened=(root / layout.TARGET_WIDENED).exists(),
+                                  trained=(root / layout.TRAIN_METRICS).exists())  # fmt: skip
     cwd = os.getcwd()
     os.chdir(root)  # the report quotes relative paths: rebuild with the same ones
     try:

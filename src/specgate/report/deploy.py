@@ -7,12 +7,13 @@ from pathlib import Path
 
 
 def served_paths(target: str, drafter: str) -> tuple[str, str]:
-    """Absolute paths of what a deployment serves: an in-place target's own directory, a drafter taken
-    from drafter.path at its own path (a widened one from results/, where it was built)."""
+    """What a deployment serves: an in-place target from its own directory, a drafter taken from
+    drafter.path from its own; what the workflow built from results/ (relative to the directory it ran
+    in, so an archive's report, rebuilt elsewhere, prints the same line)."""
     manifest = json.loads((Path(target) / "manifest.json").read_text())
-    target_path = manifest["path"] if manifest.get("in_place") else str(Path(target).resolve())
+    target_path = manifest["path"] if manifest.get("in_place") else target
     origin = Path(drafter) / "origin.json"
-    drafter_path = json.loads(origin.read_text())["path"] if origin.exists() else str(Path(drafter).resolve())
+    drafter_path = json.loads(origin.read_text())["path"] if origin.exists() else drafter
     return target_path, drafter_path
 
 
@@ -34,7 +35,7 @@ def launch(config: dict, decision, target: str, drafter: str, work_dir: str, rep
                               config["device"])  # fmt: skip
     line = launch_line(config["serve"]["engine"], settings, variant, work_dir)
     # the plugin is specgate itself; SGLang's environment already has what it imports
-    line["install"] = f"pip install --no-deps {Path(repo).resolve() if repo else '<the specgate checkout>'}"
+    line["install"] = f"pip install --no-deps {repo or '<the specgate checkout>'}"
     return line
 
 

@@ -52,4 +52,5 @@ def hardware() -> dict:
 
 
 def provenance(repo: str | Path, config: dict) -> dict:
-    return {**git_state(repo), "config_hash": stable_hash(config), "packages": package_versions(), **hardware()}
+    return {**git_state(repo), "repo": str(Path(repo).resolve()), "config_hash": stable_hash(config),
+            "packages": package_versions(), **hardware()}  # fmt: skip

@@ -201,7 +201,7 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
                 sweep.to_csv(tmp, index=False)
     line = None
     if decision is not None:
-        line = deploy.launch(config, decision, target, drafter, str(Path(out).with_suffix("")), repo)
+        line = deploy.launch(config, decision, target, drafter, str(Path(out).with_suffix("")), prov.get("repo", repo))
     if recommendation_out:
         rec = decision.to_dict() if decision else {"verdict": None}
         if line is not None:
