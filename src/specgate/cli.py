@@ -61,8 +61,8 @@ def _serve(args) -> int:
         seed = None
         if args.auto_seed:  # a report's recommendation.json (its "auto_seed") or the seed dict itself
             raw = json.loads(Path(args.auto_seed).read_text())
-            seed = {int(b): v for b, v in raw.get("auto_seed", raw).items()}
-        gate = AutoConfig(margin=args.auto_margin, probe_every=args.auto_probe_every, seed=seed, **dwell)
+            seed = raw.get("auto_seed", raw)
+        gate = AutoConfig(probe_every=args.auto_probe_every, seed=seed, **dwell)
     else:
         gate = GateConfig(args.disable_at, args.enable_at, args.min_dwell_steps or 0)
     engine = Engine(EngineConfig(args.target, args.draft, args.num_steps, gate, args.max_running, args.max_len,
@@ -128,11 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-steps", type=int, default=3, help="draft tokens per speculative step")
     p.add_argument("--disable-at", type=int, help="gate: stop speculating at this many running requests")
     p.add_argument("--enable-at", type=int, help="gate: resume at or below this many (default disable_at - 1)")
-    p.add_argument("--min-dwell-steps", type=int, help="gate: steps before another switch (default 0; auto gate 8)")
+    p.add_argument("--min-dwell-steps", type=int, help="gate: steps before another switch (default 0)")
     p.add_argument("--auto-gate", action="store_true",
                    help="the auto gate: no threshold; speculate where measured step costs and acceptance say it pays")
-    p.add_argument("--auto-margin", type=float, default=0.03, help="auto gate: hysteresis on the measured gain")
-    p.add_argument("--auto-probe-every", type=int, default=200, help="auto gate: steps between probes of the other side")
+    p.add_argument("--auto-probe-every", type=int, default=200,
+                   help="auto gate: the fewest steps between probes of the other side")
     p.add_argument("--auto-seed", help="auto gate: start from a sweep's costs (results/report/recommendation.json)")
     p.add_argument("--gate-control", help="a JSON file whose changes switch the gate at run time (specgate.gate_control)")
     p.add_argument("--max-running", type=int, default=32)

@@ -82,6 +82,9 @@ def in_place_problem(path: str | os.PathLike, dtype: str) -> str | None:
 
 
 
+MIN_EXPECTED_ARRIVALS = 10  # a block of fewer would often draw none (e^-10: never)
+
+
 def _semantic_checks(config: dict) -> list[str]:
     errors = []
     target = config["target"]
@@ -122,6 +125,11 @@ def _semantic_checks(config: dict) -> list[str]:
         if config["serve"]["engine"] == "sglang" and config["serve"]["tp"] > 1:
             errors.append("config key 'bench.design': switched needs serve.tp 1 (each tensor-parallel rank would "
                           "read the switch at a different step); set bench.design: paired")  # fmt: skip
+    for i, rate in enumerate(bench["request_rates"]):  # a Poisson window expecting few arrivals may draw none
+        if rate * bench["rate_window_s"] < MIN_EXPECTED_ARRIVALS:
+            errors.append(f"config key 'bench.request_rates[{i}]': {rate:g}/s for bench.rate_window_s "
+                          f"{bench['rate_window_s']:g} s expects {rate * bench['rate_window_s']:.1f} requests a block; "
+                          f"a block needs at least {MIN_EXPECTED_ARRIVALS}")  # fmt: skip
     if bench["concurrency"] != sorted(set(bench["concurrency"])):
         errors.append("config key 'bench.concurrency': levels must be distinct and increasing")
     if max(bench["concurrency"]) > config["serve"]["max_running"]:

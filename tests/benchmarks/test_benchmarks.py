@@ -278,9 +278,8 @@ def test_shift_serves_each_variant_on_the_engine_asked_for(tmp_path):
 
 def test_the_auto_gate_model_stalls_first_uses_and_the_gate_does_not_lock_off():
     """The sweep primes the auto gate with a wave of 128; the first speculative step at each batch size pays
-    a compile. With the H200 run's policy the stalled warm-up at batch 1 read a gain of ~0.15 everywhere
-    and the gate never speculated again; now the stall is dropped from the warm-up and batch 1 reads its
-    true gain (1.18: tau 1.83 x 4.82 ms / 7.48 ms)."""
+    a compile (150 ms against a 7 ms step). A stall counts at most twice its line, so batch 1 still reads
+    about its true gain (1.18: tau 1.83 x 4.82 ms / 7.48 ms) and the gate speculates there."""
     from specgate.gate import AutoConfig, AutoGate
 
     model = load("auto_gate_model")

@@ -42,6 +42,8 @@ def test_every_example_config_is_valid(tmp_path):
         (lambda c: c["vocab"].update(draft_vocab_size=0), "config key 'vocab.draft_vocab_size': 0 is less than the minimum"),
         (lambda c: (c["serve"].update(engine="sglang", tp=2), c["bench"].update(auto=True)),
          "config key 'bench.auto': the auto gate needs serve.tp 1"),
+        (lambda c: c["bench"].update(request_rates=[8, 0.5], rate_window_s=10),
+         "config key 'bench.request_rates[1]': 0.5/s for bench.rate_window_s 10 s expects 5.0 requests a block"),
     ],
 )
 def test_errors_name_the_key(default, edit, message):

@@ -75,13 +75,11 @@ class CostModel:
         return math.inf if math.isinf(b) else math.floor(b) + 1
 
 
-def auto_seed(model: CostModel, max_batch: int) -> dict:
-    """The auto gate's starting estimates (`specgate.gate.AutoConfig.seed`) from a sweep's cost model: per
-    batch-size bucket up to max_batch, the two step times at the bucket's middle, and tau."""
-    from specgate.gate import bucket, bucket_middle
-
-    return {b: {"plain_s": float(model.plain(bucket_middle(b))), "spec_s": float(model.spec(bucket_middle(b))), "tau": model.tau}
-            for b in range(bucket(max_batch) + 1)}  # fmt: skip
+def auto_seed(model: CostModel) -> dict:
+    """The auto gate's starting model (`specgate.gate.AutoConfig.seed`) from a sweep's cost model: each side's
+    line, in seconds and seconds per request, and tau."""
+    return {"plain": [model.plain.fixed, model.plain.per_request], "spec": [model.spec.fixed, model.spec.per_request],
+            "tau": model.tau}  # fmt: skip
 
 
 def step_times(summary: pd.DataFrame) -> pd.DataFrame:

@@ -210,7 +210,7 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
             rec["open_loop_best"] = {f"{r:g}": b for r, b in open_best.items()}
             rec["block_noise"] = un.block_noise(st.closed(blocks))
         if decision is not None:  # the auto gate can start from this sweep's costs: specgate serve --auto-seed
-            rec["auto_seed"] = cm.auto_seed(cm.fit(sweep)[0], int(config["serve"]["max_running"]))
+            rec["auto_seed"] = cm.auto_seed(cm.fit(sweep)[0])
         write_json(recommendation_out, rec)
 
     stages = [s for s in STAGES if s != "regenerate" or regen_summary]
@@ -302,27 +302,28 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
         rows.append([c, "none (speculates at every batch)" if pd.isna(t) else int(t), _fmt(thr.at[c, "auto"]),
                      _fmt(ratio, 3), steps, best_steps, count(c, "gate_switches"), count(c, "gate_probes"),
                      count(c, "gate_flushes")])  # fmt: skip
-    lines = ["No sweep beforehand: the auto gate measures its own plain and speculative step times per batch-size "
-             "bucket and the accept length, and speculates where that pays (`docs/design/auto-gate.md`). The "
-             "threshold it settled on is the smallest batch at which it would stop speculating, read from the server "
-             "at the end of each level (median over rounds). Decode steps speculated (auto's, and beside them the "
-             "best fixed threshold's), switches, probes (each a few steps on the side the gate is not on) and "
-             "true-off buffer flushes are the level's, summed over rounds.",
+    auto_env = decision.envelope["auto"][0]
+    how = (f"It kept {auto_env:.3f} of the better of no-spec and always-on at every level, against {best}'s "
+           f"{decision.envelope[best][0]:.3f} (ratio **{auto_env / decision.envelope[best][0]:.3f}**)."
+           if best else f"It kept {auto_env:.3f} of the better of no-spec and always-on at every level.")
+    lines = ["The auto gate has no threshold: it fits a line of step time against batch size for plain and for "
+             "speculative steps, and the accept length, and stops speculating where speculation stops paying by that "
+             f"model (`docs/design/auto-gate.md`). {how}",
+             "",
+             "Per level: the threshold it ran at the end of the level (median over rounds); decode steps speculated "
+             "(auto's, and beside them the best fixed threshold's), switches, probes (each a few steps on the side "
+             "the gate is not on) and true-off buffer flushes, summed over rounds.",
              "",
              _table(["concurrency", "threshold settled", "auto tok/s", f"÷ {best}" if best else "÷ best fixed",
                      "steps speculated", f"{best} speculated" if best else "best fixed speculated", "switches",
                      "probes", "flushes"], rows)]  # fmt: skip
-    if best:
-        ratio = decision.envelope["auto"][0] / decision.envelope[best][0]
-        lines += ["", f"Envelope efficiency: auto {decision.envelope['auto'][0]:.3f}, the best fixed threshold ({best}) "
-                      f"{decision.envelope[best][0]:.3f}; ratio **{ratio:.3f}**."]  # fmt: skip
-        if agree:
-            # servers that speculate on the same steps do the same work per step: there the ratio shows the
-            # measurement's own spread, the yardstick for the envelope ratio
-            ratios = [r for _, r in agree]
-            lines[-1] += (f" At concurrency {', '.join(str(c) for c, _ in agree)} auto speculated on a share of "
-                          f"decode steps within {SAME_DECISIONS * 100:.0f} points of {best}'s: there the two made nearly "
-                          f"the same decisions, and auto ÷ {best} ran {min(ratios):.3f}–{max(ratios):.3f}.")  # fmt: skip
+    if best and agree:
+        # servers that speculate on the same steps do the same work per step: there the ratio shows the
+        # measurement's own spread, the yardstick for the envelope ratio
+        ratios = [r for _, r in agree]
+        lines += ["", f"At concurrency {', '.join(str(c) for c, _ in agree)} auto speculated on a share of decode steps "
+                      f"within {SAME_DECISIONS * 100:.0f} points of {best}'s: there the two made nearly the same "
+                      f"decisions, and auto ÷ {best} ran {min(ratios):.3f}–{max(ratios):.3f}."]  # fmt: skip
     return "\n".join(lines)
 
 

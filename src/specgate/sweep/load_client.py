@@ -585,8 +585,8 @@ async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads
                 base = baseline_beside(measured, position) if baseline is not None else None
                 if base is not None:
                     row |= {f"baseline_{k}": base.get(k) for k in BASELINE_COLUMNS}
-                    row["ratio"] = row["output_throughput"] / base["output_throughput"]
-                    row["whole_ratio"] = row["whole_throughput"] / base["whole_throughput"]
+                    row["ratio"] = _ratio(row["output_throughput"], base["output_throughput"])
+                    row["whole_ratio"] = _ratio(row["whole_throughput"], base["whole_throughput"])
                     if load.rate is not None and base.get("goodput"):
                         row["goodput_ratio"] = row["goodput"] / base["goodput"]
                 all_records += [{**r, "block": b, "request_rate": load.rate} for r in records]
@@ -596,6 +596,11 @@ async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads
         if progress:
             progress(load, level_rows)
     return all_records, rows
+
+
+def _ratio(x: float, base: float) -> float:
+    """x / base; NaN where the baseline's window held no tokens (nothing to compare against)."""
+    return x / base if base > 0 else float("nan")
 
 
 # -- greedy identity across gate switches ------------------------------------------------------

@@ -260,26 +260,27 @@ def test_the_auto_gate_in_sglang_times_each_decode_step_alone_and_counts_accepte
         return step
 
     g = TrueOffGate.__new__(TrueOffGate)
-    g.init_state({"auto": {"warmup_steps": 1, "min_dwell_steps": 0}}, pool=8, aux_dim=2, dtype=torch.float32, device="cpu")
+    g.init_state({"auto": {"probe_every": 5, "probe_len": 4}}, pool=8, aux_dim=2, dtype=torch.float32, device="cpu")
     g.worker, g.plain_step, g.catch_up = "worker", timed("plain", 0.010), lambda *a, **k: None
     assert isinstance(g.gate, AutoGate)
-    speculative = timed("original", 0.030)
+    speculative = timed("original", 0.025)
     g.forward(speculative, make_batch([1, 2, 3, 4], [10] * 4, extend=True), None)
     sides = []
-    for _ in range(5):
+    for _ in range(11):
         now[0] += 1.0
         out = g.forward(speculative, make_batch([1, 2, 3, 4], [10] * 4), None)
         sides.append(out.kind)
         if out.kind == "original":  # the accepted tokens reach the gate when the result is processed
             g.count_accepted(SimpleNamespace(speculative_num_draft_tokens=4, num_correct_drafts=8, _specgate_resumed=False),
                              SimpleNamespace(reqs=[1, 2, 3, 4]))  # fmt: skip
-    # warm-up: a speculative step, then plain ones (the first plain one after the switch is not measured)
-    assert sides[:3] == ["original", "plain", "plain"]
+    # no threshold yet: it speculates; the fifth step starts a probe of four plain steps (free: plain steps were
+    # never timed at this batch), after which the model has both sides
+    assert sides == ["original"] * 4 + ["plain"] * 4 + ["original"] * 3
     assert g.gate.tau == 3.0  # (8 correct + 4 bonus) / 4 requests
-    est = g.gate.estimates[2]  # the 4-7 bucket
-    assert est["spec"].seconds(4) == pytest.approx(0.030)
-    assert est["plain"].seconds(4) == pytest.approx(0.010)
-    assert g.gate.gain(4) == pytest.approx(1.0)  # 3 tokens per 30 ms against 1 per 10 ms
+    lines = g.gate.lines
+    assert lines["spec"](4) == pytest.approx(0.025) and lines["plain"](4) == pytest.approx(0.010)
+    assert g.gate.gain(4) == pytest.approx(1.2)  # 3 tokens per 25 ms against 1 per 10 ms
+    assert g.gate.threshold() is None  # it pays at every batch: the gate stays on
     # the sweep reads the threshold it settled on from the plugin's entry in SGLang's internal states
     counters = g.counters()
     assert counters["mode"] == "true-off" and "auto_threshold" in counters
@@ -287,15 +288,14 @@ def test_the_auto_gate_in_sglang_times_each_decode_step_alone_and_counts_accepte
     assert settled_threshold(gate_counters(info)) == g.gate.threshold()
     # a speculative step that first catches the draft up (here for a second) is not a speculative step's time
     g.catch_up = lambda *a, **k: now.__setitem__(0, now[0] + 1.0)
-    g.gate.on, g.gate._probing, g.gate._since_probe = True, 0, 0
     # typical steps on the side, two with a catch-up, one more; a step's time reaches the gate at the next step
     for i, pending in enumerate((False, False, True, True, False)):
         if pending:
             g.buffers.append(np.array([1, 2, 3, 4]), torch.tensor([1, 2, 3, 4]), torch.ones(4, 2))
         assert g.forward(speculative, make_batch([1, 2, 3, 4], [10] * 4), None).kind == "original"
         if i == 2:
-            n_spec = est["spec"].n  # the typical steps are in
-    assert est["spec"].n == n_spec and est["spec"].seconds(4) == pytest.approx(0.030)
+            n_spec = lines["spec"].n  # the typical steps are in
+    assert lines["spec"].n == n_spec and lines["spec"](4) == pytest.approx(0.025)
 
 
 def test_first_and_slow_step_times_reach_the_log(caplog):
