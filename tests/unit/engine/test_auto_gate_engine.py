@@ -1,6 +1,6 @@
 """The auto gate in the reference engine: traffic switches from prompts the drafter predicts well
 (counting) to prompts it cannot (random token ids), and the gate's threshold moves the way the cost
-model says it must (lower acceptance: speculation stops paying at smaller batches)."""
+model says it must (lower acceptance: speculation stops paying at smaller batches), then holds."""
 
 import random
 import threading
@@ -51,15 +51,19 @@ def test_the_threshold_moves_down_when_acceptance_falls(engine):
     keep_running(engine, lambda: counting_prompt(rng.randrange(COUNT_RANGE)), steps=300)
     gate = engine.gate
     tau_high, before, g_before = gate.tau, gate.counters(), gate.gain(4)
-    # the same engine, now random token ids far above the counted range: the drafter's guesses fail
-    shift = len(engine.steps)
+    # the same engine, now random token ids far above the counted range: the target's reply to these is only
+    # partly a count, so the drafter's guesses mostly fail
     keep_running(engine, lambda: [rng.randrange(COUNT_RANGE, 40000) for _ in range(6)], steps=300)
     after, g_after = gate.counters(), gate.gain(4)
     assert gate.tau < tau_high - 0.5  # acceptance fell (tokens per request per speculative step)
     assert g_after < g_before * 0.8, (before, after)  # the model's gain follows tau
     t = lambda c: float("inf") if c["auto_threshold"] is None else c["auto_threshold"]  # noqa: E731
-    assert t(after) <= t(before) and t(after) <= 4  # the direction the cost model gives; off in this bucket
-    # settled within the 300 steps: at batch 4-7, speculative steps in the last 80 are down to about the
-    # probes (at most 4 every 40 steps), against all of them before the shift; smaller batches decide apart
-    modes = [m for m, b, *_ in list(engine.steps)[shift:] if b >= 4]
-    assert modes[-80:].count("spec") <= 10, modes[-80:].count("spec")
+    # the direction the cost model gives; where b* lands depends on this machine's spec / plain step costs
+    assert t(after) < t(before), (before, after)
+    # settled within the 300 steps: over the last 80 the engine runs the fixed gate the model now gives, on at
+    # or below enable_at and off from disable_at up, except for the probes (4 steps every 40 or more) and the
+    # dwell after a switch (4 steps)
+    off_from, on_to = gate.gate.config.disable_at, gate.gate.config.enable_at
+    tail = list(engine.steps)[-80:]
+    wrong = [b for m, b, *_ in tail if (m == "spec" and b >= off_from) or (m == "plain" and b <= on_to)]
+    assert len(wrong) <= 16, (off_from, on_to, [(m, b) for m, b, *_ in tail])
