@@ -179,7 +179,6 @@ class AutoGate:
     _probe_left: int = field(default=0, repr=False)
     _bank: float = field(default=0.0, repr=False)  # seconds of throughput the next probe may lose
     _last_side: bool | None = field(default=None, repr=False)
-    _timed: dict = field(default_factory=lambda: {False: set(), True: set()}, repr=False)  # side -> buckets timed
     _sizes: dict = field(default_factory=lambda: {False: set(), True: set()}, repr=False)  # side -> batches run
 
     def __post_init__(self):
@@ -241,8 +240,8 @@ class AutoGate:
         plain, spec, tau = self.lines["plain"](running), self.lines["spec"](running), self.tau
         self._bank += cfg.probe_budget * (spec if side else plain)
         loss = cfg.probe_len * max(plain - spec / tau if side else spec - tau * plain, 0.0) if tau else 0.0
-        if bucket(running) not in self._timed[not side]:
-            loss = 0.0  # the other side was never timed at batches like these: the line only guesses here
+        if bucket(running) not in self.lines["plain" if side else "spec"].buckets:
+            loss = 0.0  # the other side was never timed (nor seeded) at batches like these: the line only guesses
         if not self._probe_left and self._since_probe >= cfg.probe_every and loss <= self._bank:
             self._bank, self._probe_left, self._since_probe, self.probes = 0.0, cfg.probe_len, 0, self.probes + 1
         self.probing, self._probe_left = self._probe_left > 0, max(self._probe_left - 1, 0)
@@ -265,7 +264,6 @@ class AutoGate:
         if not changed and not first_use and running >= 1 and seconds is not None and seconds > 0:
             line = self.lines["spec" if speculated else "plain"]
             line.add(running, seconds, self.config.memory, self.config.huber)
-            self._timed[speculated].add(bucket(running))
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
         """The tokens a speculative step gave `requests` requests, each one sample of tau: the plain mean of the
