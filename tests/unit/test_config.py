@@ -29,6 +29,21 @@ def test_every_example_config_is_valid(tmp_path):
         load_config(tmp_path / path.name, SCHEMA)
 
 
+def _overlay(base: dict, over: dict) -> dict:
+    """Snakemake's merge of a later --configfile over an earlier one: nested keys replace one by one."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _overlay(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "config/overlays").glob("*.yaml")))
+def test_every_overlay_over_the_default_config_is_valid(default, name):
+    over = yaml.safe_load((REPO / "config/overlays" / name).read_text())
+    merged = validate_config(_overlay(default, over), SCHEMA)
+    assert all(merged[k] == _overlay(merged, over)[k] for k in over)  # every key the overlay sets took
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
