@@ -371,7 +371,8 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
                 f"gate it at {t} running requests ({pick}), which {keeps}. With the drafter's measured accept length, "
                 f"{where}. {noise}{choice} For comparison, {pred}.")  # fmt: skip
     if decision.verdict == "break-even":
-        return (f"**Speculation is at break-even here:** it won beyond noise at no measured load. If it stays on, gate "
+        lost = (f" and lost beyond noise at c = {', '.join(map(str, decision.loses))}" if decision.loses else "")
+        return (f"**Speculation does not pay here:** it won beyond noise at no measured load{lost}. If it stays on, gate "
                 f"it at {t} running requests ({pick}), which {keeps}. With the drafter's measured accept length, "
                 f"{where}. {noise}{choice} For comparison, {pred}.")  # fmt: skip
     return (f"**Stop speculating at {t} running requests ({pick}).** With the drafter's measured accept length, {where}. "

@@ -47,13 +47,19 @@ def describe(config: dict, blocks: pd.DataFrame) -> str:
     lengths = ("each request asks for its prompt's eval reply length in the target's tokens, truncated at "
                f"{bench['max_tokens']}" if bench["lengths"] == "replies" else f"{bench['max_tokens']} tokens per request")  # fmt: skip
     n = int(closed(blocks).groupby(["variant", "concurrency"]).size().max()) if len(closed(blocks)) else 0
-    return (f"Design **{design}**: {how}. At each level the servers take turns in blocks, the order rotating each "
-            f"block, on the same requests; {lengths} (ignore_eos={bench['ignore_eos']}), greedy. A closed-loop block "
+    order = bench.get("order", "rotate")
+    turns = ("" if design == "serial" else
+             "At each level the servers take turns in blocks on the same requests, "
+             + ("each variant's block between two no-spec blocks of the same turn; " if order == "sandwich" else
+                "the order rotating each turn; "))  # fmt: skip
+    baseline = ("the mean of the two no-spec blocks beside it" if order == "sandwich" else
+                "the no-spec block of the same turn")  # fmt: skip
+    return (f"Design **{design}**: {how}. {turns}{lengths} (ignore_eos={bench['ignore_eos']}), greedy. A closed-loop block "
             f"keeps c requests in flight and counts the tokens streamed in its steady window: {bench['window_s']:g} s "
             f"after {bench['warmup_s']:g} s of warm-up and every first request's first token; what is in flight at the "
-            f"end is cancelled. {n} blocks per cell. A cell is the median over its blocks of the block's ratio to the "
-            "no-spec block of the same turn, times the level's no-spec throughput, so drift that both blocks of a turn "
-            "share cancels; latency and accept-length cells are medians of the blocks' own figures. Per-block rows: "
+            f"end is cancelled. {n} blocks per cell. A cell is the median over its blocks of the block's ratio to "
+            f"{baseline}, times the level's no-spec throughput; latency and accept-length cells are medians of the "
+            "blocks' own figures. Per-block rows: "
             "`results/bench/<job>/round<r>.csv`; per-request records beside them; cells and intervals: "
             "`results/report/levels.csv`.")  # fmt: skip
 
@@ -114,7 +120,7 @@ def validity_section(blocks: pd.DataFrame) -> list[str]:
     return ["", "### Plain steps: the client's ratio against the servers' own step times", "",
             "Where a speculative server ran plain steps only, its throughput ÷ no-spec (client, steady window) beside "
             "the ratio of the two servers' own mean plain-step times (no-spec's ÷ the variant's, from the engines' step "
-            "counters). They agree when the client measures the servers and not the load's timing.", "",
+            "counters).", "",
             _table(["variant", "concurrency", "client ratio", "server step-time ratio", "difference"],
                    [[r["variant"], r["concurrency"], _f(r["client"]), _f(r["server"]), f"{r['difference']:+.3f}"]
                     for r in sorted(rows, key=lambda r: (r["concurrency"], r["variant"]))]),
