@@ -111,7 +111,8 @@ def test_no_thrash_at_the_crossover(seed):
         bare.decide(b)
         fixed.decide(b)
         changes += gate.threshold() != t
-    assert bare.switches > 2000 and changes <= 5, (changes, gate.counters())
+    assert bare.switches > 2000, "the hover must make a gate without hysteresis thrash, or it tests nothing"
+    assert changes <= 5, (changes, gate.counters())
     assert gate.switches - before <= fixed.switches + 2 * changes + 2, (gate.switches - before, fixed.switches)
 
 
@@ -129,7 +130,7 @@ def test_it_follows_a_shift_of_acceptance(seed):
         if engine.tau > 1.05 and 2 <= engine.crossover() <= 100:
             break
     else:
-        pytest.skip("no shift of 0.4-0.8 keeps this deployment's crossover in 2-100")
+        pytest.fail("no shift of 0.4-0.8 keeps this deployment's crossover in 2-100: the fixture needs another seed")
     for b in wander(rng, 4000):
         engine.step(gate, b)
     assert acceptable(engine, gate.threshold()), (old, engine.tau, engine.crossover(), gate.counters())

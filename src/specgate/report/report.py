@@ -403,12 +403,15 @@ def resumed_section(summary: pd.DataFrame) -> list[str]:
         n, k = g.spec_verify_resumed.sum(), g.spec_accepted_resumed.sum()
         rest_n, rest_k = g.spec_verify.sum() - n, g.spec_accepted.sum() - k
         resumed, rest = float(k / n), float(rest_k / rest_n) if rest_n else math.nan
-        rows.append([v, int(n), *(_fmt(x, 3) for x in (resumed, rest, resumed / rest, resumed / tau))])
+        # a ratio over fewer request-steps than one resumption's window says nothing about catching up
+        ratios = (resumed / rest, resumed / tau) if n >= RESUMED_STEPS else (math.nan, math.nan)
+        rows.append([v, int(n), *(_fmt(x, 3) for x in (resumed, rest, *ratios))])
     return ["", "### Acceptance after the gate turns back on", "",
             f"Accept length over the first {RESUMED_STEPS} speculative steps after each off period (request-steps, "
             "summed over levels and rounds), over the same server's other speculative steps, and over always-on's "
-            f"accept length (τ = {tau:.3f}, weighted by output tokens as in the cost model). Near 1 means the draft "
-            "caught up over the tokens decoded while off as well as if it had never stopped.", "",
+            f"accept length (τ = {tau:.3f}, weighted by output tokens as in the cost model); ratios only over at "
+            f"least {RESUMED_STEPS} request-steps. Near 1 means the draft caught up over the tokens decoded while off "
+            "as well as if it had never stopped.", "",
             _table(["variant", "request-steps after resuming", "accept length after resuming", "other speculative steps",
                     "÷ other steps", "÷ always-on"], rows)]  # fmt: skip
 
@@ -433,7 +436,9 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
     eng = summary.engine.iloc[0]
     parts = ["", "## Threshold sweep", "",
              f"Engine `{eng}` (server version {summary.server_version.iloc[0]}), {serve['num_steps']} draft steps, top-k 1; "
-             "closed loop over the OpenAI streaming API. " + st.describe(config, blocks if blocks is not None else summary),
+             + ("closed loop at each concurrency and open loop (Poisson arrivals) at each request rate"
+                if config["bench"].get("request_rates") else "closed loop")
+             + " over the OpenAI streaming API. " + st.describe(config, blocks if blocks is not None else summary),
              "", "### Output throughput (tok/s): median over blocks [90% bootstrap interval]", "",
              _with_interval(summary, variants),
              "", "### Median TTFT (ms)", "", _by_concurrency(summary, "median_ttft_ms", variants, 0),
