@@ -6,7 +6,8 @@ SGLang's HookRegistry, editing no SGLang file. Two modes:
 
 mode "true-off" (default): while the gate is off a decode step is a plain decode step of the
 target, and the draft catches up in one batched extend when drafting resumes. See
-`specgate.sglang.trueoff`; SGLang 0.5.15 (and its post-releases) only. On any other SGLang it
+`specgate.sglang.trueoff`, with the adapter whose contract the installed SGLang meets
+(`specgate.sglang.adapters`: 0.5.15, 0.5.17, 0.5.23). On an SGLang no adapter fits it
 falls back to the "sglang-steps0" hooks below, with the same thresholds, and says so once: they
 act when the server runs SGLang's adaptive speculation (specgate's launcher then starts it so).
 
@@ -137,17 +138,18 @@ def register() -> None:
 
 
 def _register_true_off(settings: dict) -> bool:
-    """Install the true-off hooks; False (and one log line) where this SGLang does not fit them."""
+    """Install the true-off hooks; False (and one log line) where no adapter fits this SGLang."""
     from specgate.sglang import trueoff as sglang_trueoff
 
-    mismatch = sglang_trueoff.contract_mismatch()
-    if mismatch:
-        _say(logging.WARNING, f"specgate true-off gate refused: {mismatch}; falling back to SGLang's adaptive steps=0 "
+    adapter, why = sglang_trueoff.select_adapter()
+    if adapter is None:
+        _say(logging.WARNING, f"specgate true-off gate refused: {why}; falling back to SGLang's adaptive steps=0 "
                               "path with the same thresholds (it acts when the server runs --speculative-adaptive)")  # fmt: skip
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target, hook in sglang_trueoff.make_hooks(settings).items():
+    for target, hook in sglang_trueoff.make_hooks(settings, adapter).items():
         HookRegistry.register(target, hook, HookType.AROUND)
-    _say(logging.INFO, f"specgate gate plugin: true-off hooks registered on {sglang_trueoff.WORKER} ({settings})")
+    _say(logging.INFO, f"specgate gate plugin: true-off hooks registered on {adapter.TARGETS['forward_batch_generation']} "
+                       f"({adapter.LINE} adapter; {settings})")  # fmt: skip
     return True

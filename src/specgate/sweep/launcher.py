@@ -8,7 +8,7 @@ path: it turns on SGLang's adaptive speculation with a config that lists both st
 (0 and k), so CUDA graphs are captured for each. `--max-running-requests` is always explicit: with
 EAGLE, SGLang otherwise lowers it to 48.
 
-On an SGLang that the true-off gate does not fit (its version or internals differ from 0.5.15,
+On an SGLang that the true-off gate does not fit (no adapter's contract matches its internals,
 `specgate.sglang.trueoff.contract_mismatch`), a true-off variant runs SGLang's own 0-step path
 instead, with the same thresholds and hysteresis; the launcher says so once in the log, and the
 mode that ran is in the variant's summary (`gate_mode`).

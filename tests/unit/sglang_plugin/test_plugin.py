@@ -76,21 +76,32 @@ def _srt(sglang_dir) -> Path:
     return sglang_source_dir()
 
 
-@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
-def test_true_off_hooks_registered_only_on_the_version_they_fit(sglang_dir):
-    from specgate.sglang.trueoff import RESULTS, SCHEDULER, SUPPORTED_VERSION, WORKER, contract_mismatch
+def _version(srt: Path) -> str:
+    from specgate.sglang.contract import installed_version
 
-    mismatch = contract_mismatch(_srt(sglang_dir))
+    return installed_version(srt)
+
+
+@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang"))])
+def test_each_release_gets_the_adapter_written_for_it_and_its_hooks(sglang_dir):
+    """The contract picks the adapter: each release the adapters list is matched by its own adapter's
+    contract and by no other; the plugin then registers that adapter's hooks, and only those."""
+    from specgate.sglang import contract, trueoff
+
+    srt = _srt(sglang_dir)
+    version = _version(srt)
+    adapter, why = trueoff.select_adapter(srt)
+    meant = [a for a in trueoff.adapters() if version in a.RELEASES]
+    matched = [a.LINE for a in trueoff.adapters() if not contract.mismatches(srt, a.CONTRACT, a.FIELDS)]
     result, log = run_check(sglang_dir, {"disable_at": 4, "buffer_tokens": 16}, [], script="check_trueoff.py")
-    targets = {f"{WORKER}.init_cuda_graphs", f"{WORKER}.forward_batch_generation", f"{RESULTS}._resolve_spec_v2_tokens",
-               f"{SCHEDULER}.get_internal_state"}  # fmt: skip
-    if result["version"] == SUPPORTED_VERSION:
-        assert mismatch is None
-        assert {t: result["hooks"].get(t) for t in targets} == dict.fromkeys(targets, ["around"])
-        assert "true-off hooks registered" in log
-    else:  # a newer SGLang: true-off refused cleanly, SGLang's steps=0 path gated instead
-        assert mismatch and result["version"] in mismatch
-        assert not targets & set(result["hooks"])
+    assert result["version"] == version
+    if meant:
+        assert adapter is meant[0] and why is None and matched == [adapter.LINE]
+        expected = set(adapter.TARGETS.values()) | set(adapter.release_hooks(lambda: None))
+        assert {t: v for t, v in result["hooks"].items() if t in expected} == dict.fromkeys(expected, ["around"])
+        assert f"({adapter.LINE} adapter;" in log and "true-off hooks registered" in log
+    else:  # a release no adapter was written for: true-off refused cleanly, SGLang's steps=0 path gated instead
+        assert adapter is None and version in why
         assert "specgate true-off gate refused" in log and "falling back to SGLang's adaptive steps=0 path" in log
         from specgate.sglang.plugin import TARGET
 
@@ -120,58 +131,60 @@ def test_the_launcher_runs_steps0_where_true_off_does_not_fit(sglang_dir, monkey
         assert "--speculative-adaptive" in cmd
 
 
-def test_contract_names_the_first_internal_that_changed(tmp_path):
+def _copy_contract_files(src: Path, dst: Path, adapter) -> Path:
     import shutil
 
-    from specgate.sglang.trueoff import CONTRACT, FIELDS, contract_mismatch
+    for rel in {**adapter.CONTRACT, **adapter.FIELDS}:  # just the files the contract reads
+        (dst / "srt" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / rel, dst / "srt" / rel)
+    return dst / "srt"
+
+
+def test_contract_names_the_first_internal_that_changed(tmp_path):
+    from specgate.sglang import contract
+    from specgate.sglang.adapters import v0_5_15
 
     dirs = [d for d in sglang_dirs() if d is None or "0.5.15" in d]
     if not dirs:
         pytest.skip("no SGLang 0.5.15")
-    src = _srt(dirs[0])
-    for rel in {**CONTRACT, **FIELDS}:  # copy just the files the contract reads
-        (tmp_path / "srt" / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(src / rel, tmp_path / "srt" / rel)
-    srt = tmp_path / "srt"
-    assert contract_mismatch(srt, version="0.5.15") is None
-    assert "is not 0.5.15" in contract_mismatch(srt, version="0.5.16")
+    srt = _copy_contract_files(_srt(dirs[0]), tmp_path, v0_5_15)
+    tables = v0_5_15.CONTRACT, v0_5_15.FIELDS
+    assert contract.mismatches(srt, *tables) == []
     worker = srt / "speculative/eagle_worker_v2.py"
     text = worker.read_text()
     worker.write_text(text.replace("def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None)",
                                    "def forward_batch_generation(self, batch: ScheduleBatch, grammar_barrier=None)"))  # fmt: skip
-    assert contract_mismatch(srt, version="0.5.15") == (
+    assert contract.mismatches(srt, *tables) == [
         "speculative/eagle_worker_v2.py: EAGLEWorkerV2.forward_batch_generation takes "
         "['self', 'batch', 'grammar_barrier'], expected ['self', 'batch', 'on_publish']"
-    )
+    ]
     # a parameter added after the expected ones is a change too
     worker.write_text(text.replace("def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None)",
                                    "def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None)"))  # fmt: skip
-    assert "takes ['self', 'batch', 'on_publish', 'grammar_barrier']" in contract_mismatch(srt, version="0.5.15")
+    assert "takes ['self', 'batch', 'on_publish', 'grammar_barrier']" in contract.mismatches(srt, *tables)[0]
     (srt / "managers/utils.py").write_text("class GenerationBatchResult:\n    logits_output: int = 0\n")
     worker.write_text(text)
-    assert "GenerationBatchResult.next_token_ids is missing" in contract_mismatch(srt, version="0.5.15")
+    assert "GenerationBatchResult.next_token_ids is missing" in contract.mismatches(srt, *tables)[0]
+    assert len(contract.mismatches(srt, *tables, first=False)) == len(v0_5_15.FIELDS["managers/utils.py"]["GenerationBatchResult"]) - 1
 
 
-@pytest.mark.parametrize("version, ok", [("0.5.15", True), ("0.5.15.post1", True), ("0.5.15.post12", True),
-                                         ("0.5.16", False), ("0.5.15rc1", False), ("0.5.15.dev3", False),
-                                         ("0.5.15+local", False), ("0.5.1", False), (None, False), ("junk", False)])  # fmt: skip
-def test_post_releases_of_the_supported_version_are_accepted(version, ok):
-    from specgate.sglang.trueoff import version_supported
+def test_a_release_no_adapter_fits_is_refused_with_each_adapters_first_difference(tmp_path):
+    """The newest source with one hooked signature changed: no adapter fits, and the one line says why for each."""
+    from specgate.sglang import trueoff
+    from specgate.sglang.adapters import v0_5_23
 
-    assert version_supported(version) is ok
-
-
-def test_the_newest_release_is_refused_by_its_changed_internals_not_only_its_version():
-    """The contract read against the newest SGLang's source, its version check aside, names the first
-    internal that changed since 0.5.15."""
-    from specgate.sglang.trueoff import contract_mismatch
-
-    newest = [d for d in sglang_dirs() if d is not None and "0.5.15" not in d]
-    if not newest:
-        pytest.skip("no SGLang newer than 0.5.15")
-    mismatch = contract_mismatch(_srt(newest[0]), version="0.5.15")
-    assert mismatch is not None
-    assert "forward_batch_generation takes" in mismatch and "grammar_barrier" in mismatch, mismatch
+    dirs = [d for d in sglang_dirs() if d is not None and "0.5.23" in d]
+    if not dirs:
+        pytest.skip("no SGLang 0.5.23")
+    srt = _copy_contract_files(_srt(dirs[0]), tmp_path, v0_5_23)
+    assert trueoff.select_adapter(srt) == (v0_5_23, None)
+    worker = srt / "speculative/eagle_worker_v2.py"
+    worker.write_text(worker.read_text().replace("pp_proxy_tensors", "pp_proxies"))
+    adapter, why = trueoff.select_adapter(srt)
+    assert adapter is None and "\n" not in why
+    for a in trueoff.adapters():
+        assert f"{a.LINE}: " in why
+    assert "SGLang 0.5.23: speculative/eagle_worker_v2.py: EAGLEWorkerV2.forward_batch_generation takes" in why
 
 
 @pytest.mark.parametrize("hooked", [True, False])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from specgate.sglang.adapters import v0_5_15
 from specgate.sglang.trueoff import TrueOffGate, unsupported
 
 
@@ -153,11 +154,11 @@ def test_unsupported_settings_and_targets_are_named():
     worker = SimpleNamespace(adaptive_controller=None, server_args=SimpleNamespace(speculative_eagle_topk=1),
                              speculative_algorithm=SimpleNamespace(is_eagle3=lambda: True),
                              target_worker=SimpleNamespace(model_runner=mr))  # fmt: skip
-    assert unsupported(worker) is None
+    assert unsupported(worker, None, v0_5_15) is None
     worker.adaptive_controller = object()
-    assert "--speculative-adaptive" in unsupported(worker)
+    assert "--speculative-adaptive" in unsupported(worker, None, v0_5_15)
     worker.adaptive_controller, worker.server_args.enable_mixed_chunk = None, True
-    assert unsupported(worker) == "mixed chunked prefill"
+    assert unsupported(worker, None, v0_5_15) == "mixed chunked prefill"
     worker.server_args.enable_mixed_chunk = False
     for obj, key, value, why in [(worker.server_args, "disaggregation_mode", "decode", "PD disaggregation"),
                                  (worker.server_args, "enable_streaming_session", True, "streaming sessions"),
@@ -167,19 +168,19 @@ def test_unsupported_settings_and_targets_are_named():
                                  (mr, "use_mla_backend", True, "MLA")]:  # fmt: skip
         before = getattr(obj, key, None)
         setattr(obj, key, value)
-        assert why in unsupported(worker)
+        assert why in unsupported(worker, None, v0_5_15)
         setattr(obj, key, before if before is not None or key != "disaggregation_mode" else "null")
     worker.server_args.tp_size = 2  # a fixed threshold is the same on every rank; the auto gate's timings are not
-    assert unsupported(worker, {"disable_at": 4}) is None
-    assert "auto gate with tensor parallelism" in unsupported(worker, {"auto": {}})
+    assert unsupported(worker, {"disable_at": 4}, v0_5_15) is None
+    assert "auto gate with tensor parallelism" in unsupported(worker, {"auto": {}}, v0_5_15)
 
 
 def test_server_info_carries_the_counters_and_the_client_takes_level_deltas(gate, monkeypatch):
     import specgate.sglang.trueoff as trueoff
     from specgate.sweep.load_client import accept_length, gate_counters
 
-    hooks = trueoff.make_hooks({"disable_at": 4})
-    info_hook = hooks[f"{trueoff.SCHEDULER}.get_internal_state"]
+    hooks = trueoff.make_hooks({"disable_at": 4}, v0_5_15)
+    info_hook = hooks[v0_5_15.TARGETS["get_internal_state"]]
     original = lambda self, req: SimpleNamespace(internal_state={"avg_spec_accept_length": 1.1})  # noqa: E731
     monkeypatch.setattr(trueoff, "_ACTIVE", None)
     assert "specgate_gate" not in info_hook(original, "scheduler", "req").internal_state
@@ -232,15 +233,14 @@ def test_a_released_slot_starts_clean_and_a_finishing_request_keeps_only_extende
     gate.forward(original, make_batch([1, 2, 3, 4], [10, 20, 30, 40], extend=True), None)
     gate.forward(original, make_batch([1, 2, 3, 4], [10, 20, 30, 40]), None)  # off: one token buffered each
     gate.forward(original, make_batch([1, 2, 3, 4], [11, 21, 31, 41]), None)
-    req = SimpleNamespace(req_pool_idx=2, cache_protected_len=5, kv_overallocated_freed=False)
-    assert gate.commit_len(req, 22) == 20  # two tokens without draft KV stay out of the prefix cache
-    req.kv_overallocated_freed = True  # the second ask, for the over-allocated range: same answer, counted once
-    assert gate.commit_len(req, 22) == 20 and (gate.trimmed_requests, gate.trimmed_tokens) == (1, 2)
+    assert gate.commit_len(2, 22, protected=5) == 20  # two tokens without draft KV stay out of the prefix cache
+    # SGLang asks again for the over-allocated range: the same answer, counted once
+    assert gate.commit_len(2, 22, protected=5, count=False) == 20 and (gate.trimmed_requests, gate.trimmed_tokens) == (1, 2)
     # never down to the cached prefix itself: SGLang frees the last kept token (a use-after-free if the cache owns it)
-    assert gate.commit_len(SimpleNamespace(req_pool_idx=2, cache_protected_len=21, kv_overallocated_freed=True), 22) == 22
-    assert gate.commit_len(SimpleNamespace(req_pool_idx=2, cache_protected_len=19, kv_overallocated_freed=True), 22) == 20
+    assert gate.commit_len(2, 22, protected=21, count=False) == 22
+    assert gate.commit_len(2, 22, protected=19, count=False) == 20
     gate.release(2)
-    assert gate.buffers.n_cpu[2] == 0 and not gate.len_ok[2] and gate.commit_len(req, 22) == 22
+    assert gate.buffers.n_cpu[2] == 0 and not gate.len_ok[2] and gate.commit_len(2, 22, protected=5) == 22
     assert gate.buffers.n_cpu[[1, 3, 4]].tolist() == [2, 2, 2]
 
 
