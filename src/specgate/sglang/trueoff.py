@@ -52,7 +52,7 @@ from specgate.sglang.logs import log, say
 from specgate.sglang.step_timer import StepTimer
 
 # one module per line of SGLang internals, oldest first; each names the releases it was checked against
-ADAPTERS = ("specgate.sglang.adapters.v0_5_15",)
+ADAPTERS = ("specgate.sglang.adapters.v0_5_15", "specgate.sglang.adapters.v0_5_17", "specgate.sglang.adapters.v0_5_23")
 INFO_KEY = "specgate_gate"  # the gate's counters in /server_info's internal_states
 LOG_EVERY = 2000  # decode steps between counter lines
 SLOW_FACTOR, MAX_STEP_NOTES = 4.0, 400  # note_time: a slow step, and the most lines it writes
@@ -108,6 +108,7 @@ class TrueOffGate:
     def init_state(self, settings: dict, pool: int, aux_dim: int, dtype, device, rank: int = 0) -> None:
         """Everything but the SGLang objects: the gate, the buffers, the host mirror, the counters."""
         self.gate = make_gate(settings)  # a fixed threshold, or the auto gate (settings["auto"])
+        self.slot_of = getattr(getattr(self, "adapter", None), "slot_of", None) or (lambda req: req.req_pool_idx)
         # the sweep's run-time switch (one server, every gate); tp 1 only: ranks would read it at different steps
         self.control = GateControl(settings["control"], self.gate) if settings.get("control") else None
         self.timer = StepTimer(device)  # decode step times, for the auto gate
@@ -161,7 +162,7 @@ class TrueOffGate:
         fi = getattr(spec, "future_indices", None) if spec is not None else None
         if not self.sync_free or fi is None or not getattr(future_map, "needs_cpu_seq_lens", False):
             return False
-        slots = _slots_cpu(batch)
+        slots = _slots_cpu(batch, self.slot_of)
         if slots.size == 0 or not self.len_ok[slots].all():
             return False
         if future_map.publish_ready is not None:
@@ -190,7 +191,7 @@ class TrueOffGate:
         worker = self.worker
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             out = original(worker, batch, on_publish, **extra)
-            slots_cpu = _slots_cpu(batch)
+            slots_cpu = _slots_cpu(batch, self.slot_of)
             if slots_cpu.size:  # new requests: the prefill built their draft KV
                 self.buffers.reset(slots_cpu)
                 self._mirror(slots_cpu, batch.seq_lens_cpu, 0)  # spec v2: length before the first decode token
@@ -236,7 +237,7 @@ class TrueOffGate:
         self.fastest_step[key] = seconds if first else min(fastest, seconds)
 
     def decode_step(self, original, batch, on_publish, speculate: bool, **extra):
-        slots_cpu = _slots_cpu(batch)
+        slots_cpu = _slots_cpu(batch, self.slot_of)
         if speculate:
             if self.buffers.pending(slots_cpu):
                 self.catch_up(batch, slots_cpu, resume=True)
@@ -359,10 +360,10 @@ class TrueOffGate:
 _ACTIVE: TrueOffGate | None = None  # this process's armed gate (one EAGLE worker per scheduler process)
 
 
-def _slots_cpu(batch) -> np.ndarray:
+def _slots_cpu(batch, slot_of) -> np.ndarray:
     slots = getattr(batch, "req_pool_indices_cpu", None)
     if slots is None:
-        return np.asarray([r.req_pool_idx for r in batch.reqs], dtype=np.int64)
+        return np.asarray([slot_of(r) for r in batch.reqs], dtype=np.int64)
     return slots.numpy() if isinstance(slots, torch.Tensor) else np.asarray(slots, dtype=np.int64)
 
 
@@ -414,7 +415,7 @@ def make_hooks(settings: dict, adapter) -> dict:
         state = self.__dict__.get("_specgate_trueoff")
         if state is None:
             return original(self, batch, *args, **kwargs)
-        named = dict(zip(adapter.FORWARD_PARAMS, args), **kwargs)  # this release's extra parameters, by name
+        named = dict(zip(adapter.FORWARD_PARAMS, args, strict=False), **kwargs)  # this release's extra parameters, by name
         return state.forward(original, batch, named.pop("on_publish", None), **named)
 
     def resolve_spec_tokens(original, self, result, batch, *args, **kwargs):

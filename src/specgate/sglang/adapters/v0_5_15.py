@@ -195,7 +195,7 @@ def plain_decode_runner(model_runner, attn_backend):
     return PlainDecodeRunner(model_runner, attn_backend=attn_backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
 
 
-def arm(gate, worker) -> int:
+def arm(gate, worker, make_runner=None) -> int:
     """Build the gate's own attention backend and plain decode graph; return the aux state width."""
     from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidden_dim
 
@@ -206,7 +206,8 @@ def arm(gate, worker) -> int:
         gate.attn_backend = mr._get_attention_backend(init_new_workspace=True)
     finally:
         mr.init_new_workspace = backup
-    gate.graph_runner = plain_decode_runner(mr, gate.attn_backend) if mr.decode_cuda_graph_runner is not None else None
+    make_runner = make_runner or plain_decode_runner
+    gate.graph_runner = make_runner(mr, gate.attn_backend) if mr.decode_cuda_graph_runner is not None else None
     gate.req_to_token_pool = mr.req_to_token_pool
     return get_draft_input_from_target_hidden_dim(gate.draft_runner)
 
@@ -278,42 +279,41 @@ def plain_step(gate, batch, slots_cpu, on_publish):
     return result
 
 
-def extend_view(batch, plan, sel, input_ids, out_cache_loc):
-    """The rows behind as one EXTEND batch over their buffered tokens, for the draft's prefill extend."""
+def extend_fields(batch, plan, sel, input_ids, out_cache_loc) -> dict:
+    """The rows behind as one EXTEND batch over their buffered tokens: the fields every release reads."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    seq_lens = batch.seq_lens[sel]
+    return dict(
+        forward_mode=ForwardMode.EXTEND, reqs=[batch.reqs[i] for i in plan.sel], req_pool_indices=batch.req_pool_indices[sel],
+        req_pool_indices_cpu=torch.from_numpy(plan.slots), seq_lens=seq_lens, orig_seq_lens=seq_lens.to(torch.int32),
+        seq_lens_cpu=torch.from_numpy(plan.seq_lens), seq_lens_sum=int(plan.seq_lens.sum()), input_ids=input_ids,
+        out_cache_loc=out_cache_loc.to(torch.int64), extend_lens=plan.counts.tolist(), prefix_lens=plan.starts.tolist(),
+        extend_num_tokens=plan.total, extend_logprob_start_lens=plan.counts.tolist(),
+        extend_input_logprob_token_ids=None, chunked_req_next_prompt_token=None, multimodal_inputs=None,
+        input_embeds=None, replace_embeds=None, return_logprob=False, top_logprobs_nums=None, token_ids_logprobs=None,
+        return_hidden_states=False, spec_info=None,
+        sampling_info=None,  # the draft extend only takes a softmax (no rejection sampling)
+    )  # fmt: skip
+
+
+def extend_view(batch, plan, sel, input_ids, out_cache_loc):
     sub = copy.copy(batch)
-    sub.forward_mode = ForwardMode.EXTEND
-    sub.reqs = [batch.reqs[i] for i in plan.sel]
-    sub.req_pool_indices = batch.req_pool_indices[sel]
-    sub.req_pool_indices_cpu = torch.from_numpy(plan.slots)
-    sub.seq_lens = batch.seq_lens[sel]
-    sub.orig_seq_lens = sub.seq_lens.to(torch.int32)
-    sub.seq_lens_cpu = torch.from_numpy(plan.seq_lens)
-    sub.seq_lens_sum = int(plan.seq_lens.sum())
+    for name, value in extend_fields(batch, plan, sel, input_ids, out_cache_loc).items():
+        setattr(sub, name, value)
     sub.seq_lens_cpu_cache = None
-    sub.input_ids, sub.out_cache_loc = input_ids, out_cache_loc.to(torch.int64)
-    sub.extend_lens = plan.counts.tolist()
-    sub.prefix_lens = plan.starts.tolist()
-    sub.extend_num_tokens = plan.total
-    sub.extend_logprob_start_lens = plan.counts.tolist()
-    sub.extend_input_logprob_token_ids = None
-    sub.chunked_req_next_prompt_token = None
-    sub.multimodal_inputs = None
-    sub.input_embeds = sub.replace_embeds = None
-    sub.return_logprob, sub.top_logprobs_nums, sub.token_ids_logprobs = False, None, None
-    sub.return_hidden_states = False
-    sub.spec_info = None
-    sub.sampling_info = None  # the draft extend only takes a softmax (no rejection sampling)
     sub.capture_hidden_mode = None
     return sub
 
 
 def draft_extend(gate, batch, plan, sel, input_ids, aux, out_cache_loc):
     """SGLang's prefill draft extend over the rows behind; returns their fresh draft state."""
+    return run_draft_extend(gate, batch, sel, aux, extend_view(batch, plan, sel, input_ids, out_cache_loc))
+
+
+def run_draft_extend(gate, batch, sel, aux, sub):
     from sglang.srt.speculative import eagle_worker_v2 as ew2
 
-    sub = extend_view(batch, plan, sel, input_ids, out_cache_loc)
     draft_worker = gate.worker.draft_worker
     with (
         draft_worker.draft_tp_context(draft_worker.draft_runner.tp_group),
