@@ -451,11 +451,7 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
              f"{int(summary.completed.sum() + summary.cancelled.fillna(0).sum() + summary.failed.sum())}."]  # fmt: skip
     if summary.errors.notna().any():
         parts += ["", "Errors: " + "; ".join(sorted(set(summary.errors.dropna())))]
-    if "gate_mode" in summary and summary.gate_mode.notna().any():
-        modes = summary.dropna(subset=["gate_mode"]).groupby("gate_mode").variant.unique()
-        parts += ["", "Gate mode that ran: " + "; ".join(f"{m} ({', '.join(sorted(v))})" for m, v in modes.items())
-                  + (". `sglang-steps0` is SGLang's own adaptive 0-step path, which the launcher falls back to where "
-                     "specgate's true-off gate does not fit the installed SGLang." if "sglang-steps0" in modes else ".")]  # fmt: skip
+    parts += gate_mode_line(summary)
     if plots_dir:
         plots.throughput(summary, Path(plots_dir) / "throughput.png")
         plots.latency(summary, Path(plots_dir) / "latency.png")
@@ -517,3 +513,18 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
         plots.cost_model(model, steps, summary, Path(plots_dir) / "cost_model.png")
         parts += ["", f"![cost model]({_rel(plots_dir, out)}/cost_model.png)"]
     return parts
+
+
+def gate_mode_line(summary: pd.DataFrame) -> list[str]:
+    """The gate mode each gated variant ran, and on SGLang the adapter the true-off gate ran through."""
+    if "gate_mode" not in summary or not summary.gate_mode.notna().any():
+        return []
+    modes = summary.dropna(subset=["gate_mode"]).groupby("gate_mode").variant.unique()
+    adapters = set(summary.gate_adapter.dropna()) if "gate_adapter" in summary else set()
+
+    def name(m: str) -> str:
+        return f"{m} through the {' / '.join(sorted(adapters))} adapter" if m == "true-off" and adapters else m
+
+    return ["", "Gate mode that ran: " + "; ".join(f"{name(m)} ({', '.join(sorted(v))})" for m, v in modes.items())
+            + (". `sglang-steps0` is SGLang's own adaptive 0-step path, which the launcher falls back to where "
+               "specgate's true-off gate does not fit the installed SGLang." if "sglang-steps0" in modes else ".")]  # fmt: skip

@@ -37,6 +37,7 @@ from specgate.sweep.launcher import (
     gate_settings,
     reference_command,
     sglang_command,
+    true_off_adapter,
     variants,
 )
 from specgate.sweep.load_client import Entry, Load, bench_requests, reply_lengths, sweep_blocks
@@ -190,6 +191,8 @@ def run_variant(variant: dict | list[dict], *, engine: str, serve: dict, bench: 
     # the gate that ran: SGLang falls back to its own steps=0 path where true-off does not fit
     summary.insert(7, "gate_mode", [(gate_mode(by_name[n]) if engine == "sglang" else by_name[n].gate_mode)
                                     if by_name[n].gated else None for n in summary.variant])  # fmt: skip
+    if engine == "sglang":  # which adapter the true-off gate ran through
+        summary.insert(8, "gate_adapter", [true_off_adapter() if m == "true-off" else None for m in summary.gate_mode])
     write_jsonl(records_out, [{**r, "round": round} for r in records])
     with atomic_path(summary_out) as tmp:
         summary.to_csv(tmp, index=False)

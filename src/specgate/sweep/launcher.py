@@ -105,6 +105,17 @@ def true_off_unavailable() -> str | None:
     return reason
 
 
+@functools.cache
+def true_off_adapter() -> str | None:
+    """The SGLang adapter the true-off gate runs through on the installed SGLang (e.g. "SGLang 0.5.17"), or None."""
+    from specgate.sglang import trueoff
+
+    if trueoff.sglang_source_dir() is None:
+        return None
+    adapter, _ = trueoff.select_adapter()
+    return adapter.LINE if adapter is not None else None
+
+
 def gate_mode(v: Variant) -> str | None:
     """The gate mode a variant's SGLang server runs: its own, or sglang-steps0 where true-off does not fit."""
     if not v.gated:

@@ -118,17 +118,21 @@ def test_the_launcher_runs_steps0_where_true_off_does_not_fit(sglang_dir, monkey
     srt = _srt(sglang_dir)
     monkeypatch.setattr(trueoff, "sglang_source_dir", lambda: srt)
     launcher.true_off_unavailable.cache_clear()
+    launcher.true_off_adapter.cache_clear()
     s = launcher.ServeSettings(target="t", draft="d", num_steps=3, max_running=64)
     try:
         cmd, env = launcher.sglang_command(s, launcher.Variant("gate_8", True, 8, 4), 1, tmp_path)
+        adapter_line = launcher.true_off_adapter()  # what the sweep's summary and report name
     finally:
         launcher.true_off_unavailable.cache_clear()
+        launcher.true_off_adapter.cache_clear()
     gate = json.loads(env[launcher.GATE_ENV])
     if trueoff.contract_mismatch(srt) is None:
         assert gate["mode"] == "true-off" and "--speculative-adaptive" not in cmd
+        assert adapter_line == trueoff.select_adapter(srt)[0].LINE == f"SGLang {_version(srt)}"
     else:  # the same thresholds on SGLang's own 0-step path
         assert gate["mode"] == "sglang-steps0" and (gate["disable_at"], gate["enable_at"]) == (8, 4)
-        assert "--speculative-adaptive" in cmd
+        assert "--speculative-adaptive" in cmd and adapter_line is None
 
 
 def _copy_contract_files(src: Path, dst: Path, adapter) -> Path:

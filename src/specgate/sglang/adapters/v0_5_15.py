@@ -171,28 +171,29 @@ def target_checks(worker) -> list:
     ]
 
 
-def plain_decode_runner(model_runner, attn_backend):
+def plain_decode_runner(model_runner, attn_backend, capture_method: str = "capture", recapture: bool = True):
     """A DecodeCudaGraphRunner that captures plain DECODE (1 token per request) with full aux capture.
 
     Inside an EAGLE server SGLang captures the target only in TARGET_VERIFY mode; this subclass
     switches the mode back before capture, as SGLang's own draft-extend runner does for its mode.
+    capture_method: the method that captures (0.5.23 wraps `_capture` in `capture`); recapture: the
+    release recaptures on a batch asking for more hidden states (0.5.15), which FULL never does.
     """
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
-    class PlainDecodeRunner(DecodeCudaGraphRunner):
-        def capture(self):
-            self.capture_forward_mode = ForwardMode.DECODE
-            self.capture_hidden_mode = CaptureHiddenMode.FULL  # the aux states ride along
-            return super().capture()
+    def capture(self):
+        assert getattr(self, "captured_req_width", 1) == 1, "specgate: the plain decode graph is one token wide"
+        assert not getattr(self, "ragged_verify_mode", False), "specgate: a ragged verify shape is no plain decode"
+        self.capture_forward_mode = ForwardMode.DECODE
+        self.capture_hidden_mode = CaptureHiddenMode.FULL  # the aux states ride along
+        return getattr(DecodeCudaGraphRunner, capture_method)(self)
 
-        def get_spec_info(self, num_tokens):
-            return None
-
-        def recapture_if_needed(self, forward_batch):
-            return None  # every off batch asks for FULL, which is what was captured
-
-    return PlainDecodeRunner(model_runner, attn_backend=attn_backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
+    members = {capture_method: capture, "get_spec_info": lambda self, num_tokens: None}
+    if recapture:
+        members["recapture_if_needed"] = lambda self, forward_batch: None  # every off batch asks for what was captured
+    runner = type("PlainDecodeRunner", (DecodeCudaGraphRunner,), members)
+    return runner(model_runner, attn_backend=attn_backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
 
 
 def arm(gate, worker, make_runner=None) -> int:
@@ -215,14 +216,23 @@ def arm(gate, worker, make_runner=None) -> int:
 def decode_view(gate, batch):
     """The batch as SGLang's plain decode sees it: spec v2 keeps seq_lens = length before this step's
     token; a decode batch counts it. Returns (view, the tokens fed)."""
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    view, tokens = decode_fields(gate, batch)
+    view.capture_hidden_mode = CaptureHiddenMode.FULL
+    view.seq_lens_cpu_cache = None
+    return view, tokens
+
+
+def decode_fields(gate, batch):
+    """A copy of the batch with the fields every release's plain decode reads; returns (view, tokens)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     bs = len(batch.reqs)
     tokens = batch.spec_info.bonus_tokens.to(torch.int64)
     view = copy.copy(batch)
     view.forward_mode = ForwardMode.DECODE
     view.spec_info = None
-    view.capture_hidden_mode = CaptureHiddenMode.FULL
     view.input_ids = tokens
     view.return_logprob = False  # logprobs below, in the speculative path's row layout
     view.out_cache_loc = gate.req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
@@ -230,7 +240,6 @@ def decode_view(gate, batch):
     view.orig_seq_lens = view.seq_lens.to(torch.int32)
     view.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
     view.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
-    view.seq_lens_cpu_cache = None
     return view, tokens
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import torch
 
@@ -244,21 +245,8 @@ def target_checks(worker) -> list:
 
 
 def plain_decode_runner(model_runner, attn_backend):
-    """A DecodeCudaGraphRunner capturing plain DECODE (1 token per request) with full aux capture. The
-    captured hidden mode is fixed in this line (a batch asking for more raises), and FULL is the most."""
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-
-    class PlainDecodeRunner(DecodeCudaGraphRunner):
-        def capture(self):  # runs at the end of __init__, after the width (1) and the batch sizes are set
-            self.capture_forward_mode = ForwardMode.DECODE
-            self.capture_hidden_mode = CaptureHiddenMode.FULL
-            return super().capture()
-
-        def get_spec_info(self, num_tokens):
-            return None
-
-    return PlainDecodeRunner(model_runner, attn_backend=attn_backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
+    # the captured hidden mode is fixed in this line (a batch asking for more raises), and FULL is the most
+    return v0_5_15.plain_decode_runner(model_runner, attn_backend, recapture=False)
 
 
 def arm(gate, worker) -> int:
@@ -266,33 +254,45 @@ def arm(gate, worker) -> int:
 
 
 def decode_view(gate, batch):
-    """The batch as a plain decode sees it (seq_lens count this step's token); returns (view, tokens)."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    return v0_5_15.decode_fields(gate, batch)  # the capture mode goes to ForwardBatch.init_new
+
+
+def hand_over_war_event(gate, mr) -> None:
+    """The scheduler's write-after-read barrier waits on the draft runner's event (spec v2)."""
+    event = mr.war_fastpath_read_done_event
+    if event is not None:
+        gate.draft_runner.war_fastpath_read_done_event = event
+        mr.war_fastpath_read_done_event = None
+
+
+def spec_logprobs(batch, logits_output, next_ids) -> None:
+    """SGLang's own spec-v2 logprobs: [bs, accepted] rows, here one token each."""
+    from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
 
     bs = len(batch.reqs)
-    tokens = batch.spec_info.bonus_tokens.to(torch.int64)
-    view = copy.copy(batch)
-    view.forward_mode = ForwardMode.DECODE
-    view.spec_info = None
-    view.input_ids = tokens
-    view.return_logprob = False  # logprobs below, in the speculative path's row layout
-    view.out_cache_loc = gate.req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
-    view.seq_lens = batch.seq_lens + 1
-    view.orig_seq_lens = view.seq_lens.to(torch.int32)
-    view.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
-    view.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
-    return view, tokens
+    compute_spec_v2_logprobs(batch, logits_output, next_ids, torch.arange(bs, device=next_ids.device).view(bs, 1), 0)
 
 
-def plain_step(gate, batch, slots_cpu, on_publish, grammar_barrier=None):
-    """One decode step of the target alone, in the result format of a spec-v2 step."""
-    from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
+def result_fields(out, draft_input) -> tuple[dict, dict]:
+    """This line's extra fields of the off step's (EagleDraftInput, GenerationBatchResult)."""
+    return {"dsa_topk_indices": draft_input.dsa_topk_indices}, {
+        "routed_experts_output": out.routed_experts_output,
+        "indexer_topk_output": out.indexer_topk_output,
+        "expert_distribution_metrics": out.expert_distribution_metrics,
+    }
+
+
+def plain_step(gate, batch, slots_cpu, on_publish, grammar_barrier=None, line=None):
+    """One decode step of the target alone, in the result format of a spec-v2 step. `line`: the adapter
+    module whose release-specific parts run (0.5.23 reuses this step with its own)."""
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
+    line = line or sys.modules[__name__]
     mr, bs, draft_input = gate.target_mr, len(batch.reqs), batch.spec_info
     view, tokens = decode_view(gate, batch)
+    line.before_forward(mr)
     saved = mr.attn_backend, mr.decode_cuda_graph_runner
     mr.attn_backend, mr.decode_cuda_graph_runner = gate.attn_backend, gate.graph_runner
     try:
@@ -302,11 +302,7 @@ def plain_step(gate, batch, slots_cpu, on_publish, grammar_barrier=None):
         out = gate.worker.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True)
     finally:
         mr.attn_backend, mr.decode_cuda_graph_runner = saved
-    # the scheduler's write-after-read barrier waits on the draft runner's event (spec v2)
-    event = mr.war_fastpath_read_done_event
-    if event is not None:
-        gate.draft_runner.war_fastpath_read_done_event = event
-        mr.war_fastpath_read_done_event = None
+    line.hand_over_war_event(gate, mr)
     logits_output = out.logits_output
     if logits_output.hidden_states is None:
         raise RuntimeError("specgate true-off: the target returned no aux hidden states in DECODE mode")
@@ -315,30 +311,32 @@ def plain_step(gate, batch, slots_cpu, on_publish, grammar_barrier=None):
         grammar_barrier()  # the previous step's tokens reach the grammar before its mask is built
     raw = None
     if batch.return_logprob and not batch.sampling_info.is_all_greedy:
-        raw = logits_output.next_token_logits.clone()  # the sampler divides by the temperature in place
+        raw = logits_output.next_token_logits.clone()  # the sampler scales the logits by the temperature in place
     next_ids = mr.sample(logits_output, forward_batch)
     if on_publish is not None:
         on_publish(view.seq_lens)
-    if not batch.return_hidden_states:  # else one row per request, as a speculative step returns them
-        logits_output.hidden_states = None
-    if batch.return_logprob:  # SGLang's own spec-v2 logprobs: [bs, accepted] rows, here one token each
+    # else one row per request, as a speculative step returns them (a copy: graph outputs are reused buffers)
+    logits_output.hidden_states = logits_output.hidden_states.clone() if batch.return_hidden_states else None
+    if batch.return_logprob:
         if raw is not None:
             logits_output.next_token_logits = raw
-        accept_index = torch.arange(bs, device=next_ids.device).view(bs, 1)
-        compute_spec_v2_logprobs(batch, logits_output, next_ids, accept_index, 0)
+        line.spec_logprobs(batch, logits_output, next_ids)
+    draft_extra, result_extra = line.result_fields(out, draft_input)
     # draft fields pass through untouched: they are stale until the catch-up rewrites them
     next_draft_input = EagleDraftInput(
         bonus_tokens=next_ids.to(torch.int32), topk_p=draft_input.topk_p, topk_index=draft_input.topk_index,
-        hidden_states=draft_input.hidden_states, dsa_topk_indices=draft_input.dsa_topk_indices,
-        num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)  # fmt: skip
+        hidden_states=draft_input.hidden_states, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1,
+        **draft_extra)  # fmt: skip
     result = GenerationBatchResult(
         logits_output=logits_output, next_token_ids=next_ids, can_run_cuda_graph=out.can_run_cuda_graph,
         speculative_num_draft_tokens=1, accept_lens=gate.ones[:bs], new_seq_lens=view.seq_lens,
-        next_draft_input=next_draft_input, extra_keep_alive_refs=[forward_batch, tokens],
-        routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
-        expert_distribution_metrics=out.expert_distribution_metrics)  # fmt: skip
+        next_draft_input=next_draft_input, extra_keep_alive_refs=[forward_batch, tokens], **result_extra)  # fmt: skip
     result._specgate_off = True  # the scheduler's per-request metrics leave this step out
     return result
+
+
+def before_forward(mr) -> None:
+    """Nothing in this line: the target runner's WAR mailbox holds only what its own decode graph wrote."""
 
 
 def extend_view(batch, plan, sel, input_ids, out_cache_loc):

@@ -17,9 +17,9 @@ The same hooks as 0.5.15 (`specgate.sglang.adapters.v0_5_15`), with what this li
 
 from __future__ import annotations
 
-import torch
+import sys
 
-from specgate.sglang.adapters import v0_5_15
+from specgate.sglang.adapters import v0_5_15, v0_5_17
 
 LINE = "SGLang 0.5.23"
 RELEASES = ("0.5.23",)  # checked against these sources
@@ -276,24 +276,8 @@ def target_checks(worker) -> list:
 
 
 def plain_decode_runner(model_runner, attn_backend):
-    """A DecodeCudaGraphRunner capturing plain DECODE (1 token per request) with full aux capture.
-
-    Its __init__ derives some state from the verify mode of a speculative server before capture;
-    for EAGLE-3 all of it is off (ragged verify is DSpark's), which the capture asserts."""
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-
-    class PlainDecodeRunner(DecodeCudaGraphRunner):
-        def _capture(self):
-            assert not self.ragged_verify_mode and self.captured_req_width == 1, "specgate: not a plain decode shape"
-            self.capture_forward_mode = ForwardMode.DECODE
-            self.capture_hidden_mode = CaptureHiddenMode.FULL  # the aux states ride along
-            return super()._capture()
-
-        def get_spec_info(self, num_tokens):
-            return None
-
-    return PlainDecodeRunner(model_runner, attn_backend=attn_backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
+    # capture() wraps _capture(); __init__ derived the verify shape's state first, which for EAGLE-3 is all off
+    return v0_5_15.plain_decode_runner(model_runner, attn_backend, capture_method="_capture", recapture=False)
 
 
 def arm(gate, worker) -> int:
@@ -301,70 +285,38 @@ def arm(gate, worker) -> int:
 
 
 def plain_step(gate, batch, slots_cpu, on_publish, grammar_barrier=None, pp_proxy_tensors=None):
-    """One decode step of the target alone, in the result format of a spec-v2 step."""
-    from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-    from sglang.srt.managers.utils import GenerationBatchResult
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
-    from sglang.srt.speculative.eagle_info import EagleDraftInput
-
-    from specgate.sglang.adapters.v0_5_17 import decode_view
-
+    """One decode step of the target alone (0.5.17's step with this line's parts below)."""
     assert pp_proxy_tensors is None, "specgate true-off: pipeline parallelism is refused at start-up"
-    mr, bs, draft_input = gate.target_mr, len(batch.reqs), batch.spec_info
-    view, tokens = decode_view(gate, batch)
-    saved = mr.attn_backend, mr.decode_cuda_graph_runner
-    mr.attn_backend, mr.decode_cuda_graph_runner = gate.attn_backend, gate.graph_runner
-    mr.shared_read_done_event = None  # a verify replay's event, never cleared, must not stand for this forward
-    try:
-        forward_batch = ForwardBatch.init_new(view, mr, capture_hidden_mode=CaptureHiddenMode.FULL,
-                                              return_hidden_states_before_norm=False)  # fmt: skip
-        # the forward alone: sampling follows the grammar barrier, as in verify
-        out = gate.worker.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True)
-    finally:
-        mr.attn_backend, mr.decode_cuda_graph_runner = saved
-    # the scheduler's write-after-read barrier reads the draft runner's mailbox: always hand over (None is safe)
+    return v0_5_17.plain_step(gate, batch, slots_cpu, on_publish, grammar_barrier, line=sys.modules[__name__])
+
+
+def before_forward(mr) -> None:
+    mr.shared_read_done_event = None  # a verify replay's event, never cleared here, must not stand for this forward
+
+
+def hand_over_war_event(gate, mr) -> None:
+    """The scheduler reads the draft runner's mailbox: always hand over what the plain replay left (None: the
+    scheduler's whole-forward fence)."""
     event, mr.shared_read_done_event = mr.shared_read_done_event, None
     gate.worker.last_shared_read_runner.shared_read_done_event = event
-    logits_output = out.logits_output
-    if logits_output.hidden_states is None:
-        raise RuntimeError("specgate true-off: the target returned no aux hidden states in DECODE mode")
-    gate.buffers.append(slots_cpu, tokens, logits_output.hidden_states)
-    if batch.has_grammar and grammar_barrier is not None:
-        grammar_barrier()  # the previous step's tokens reach the grammar before its mask is built
-    raw = None
-    if batch.return_logprob and not batch.sampling_info.is_all_greedy:
-        raw = logits_output.next_token_logits.clone()  # the sampler overwrites the logits in place
-    next_ids = mr.sample(logits_output, forward_batch)
-    if on_publish is not None:
-        on_publish(view.seq_lens)
-    # graph outputs are views of buffers every runner shares: keep a copy of rows returned to the client
-    logits_output.hidden_states = logits_output.hidden_states.clone() if batch.return_hidden_states else None
-    if batch.return_logprob:  # SGLang's own spec logprobs: [bs, accepted] rows, here one token each
-        if raw is not None:
-            logits_output.next_token_logits = raw
-        compute_spec_logprobs(batch, logits_output, next_ids, chain_stride=1)
-    # draft fields pass through untouched: they are stale until the catch-up rewrites them
-    next_draft_input = EagleDraftInput(
-        bonus_tokens=next_ids.to(torch.int32), topk_p=draft_input.topk_p, topk_index=draft_input.topk_index,
-        hidden_states=draft_input.hidden_states, draft_probs=draft_input.draft_probs,
-        dsa_topk_indices=draft_input.dsa_topk_indices, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)  # fmt: skip
-    result = GenerationBatchResult(
-        logits_output=logits_output, next_token_ids=next_ids, can_run_cuda_graph=out.can_run_cuda_graph,
-        speculative_num_draft_tokens=1, speculative_output_stride=1, accept_lens=gate.ones[:bs],
-        new_seq_lens=view.seq_lens, next_draft_input=next_draft_input, extra_keep_alive_refs=[forward_batch, tokens],
-        routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
-        expert_distribution_metrics=out.expert_distribution_metrics)  # fmt: skip
-    result._specgate_off = True  # the scheduler's per-request metrics leave this step out
-    return result
+
+
+def spec_logprobs(batch, logits_output, next_ids) -> None:
+    from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+
+    compute_spec_logprobs(batch, logits_output, next_ids, chain_stride=1)
+
+
+def result_fields(out, draft_input) -> tuple[dict, dict]:
+    draft_extra, result_extra = v0_5_17.result_fields(out, draft_input)
+    return {**draft_extra, "draft_probs": draft_input.draft_probs}, {**result_extra, "speculative_output_stride": 1}
 
 
 def draft_extend(gate, batch, plan, sel, input_ids, aux, out_cache_loc):
     """SGLang's prefill draft extend over the rows behind; returns their fresh draft state."""
     from sglang.srt.speculative import eagle_worker_v2 as ew2
 
-    from specgate.sglang.adapters.v0_5_17 import extend_view
-
-    sub = extend_view(batch, plan, sel, input_ids, out_cache_loc)
+    sub = v0_5_17.extend_view(batch, plan, sel, input_ids, out_cache_loc)
     draft_worker = gate.worker.draft_worker
     with (
         ew2.draft_tp_context(draft_worker.parallel_layout),
