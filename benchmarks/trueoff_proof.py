@@ -146,10 +146,14 @@ async def identity_run(url: str, a) -> dict[int, list[int]]:
     return out
 
 
-async def warm_paths(url: str) -> float:
+async def warm_paths(url: str, disable_at: int) -> float:
     """One request down each path the soak takes, before its clock starts: a sampled one, one with
     logprobs, and a prompt sent twice so the second hits the prefix cache (flashinfer compiles its
-    cascade kernels on the first hit and stalls the scheduler meanwhile). Returns the seconds taken."""
+    cascade kernels on the first hit and stalls the scheduler meanwhile). Then two waves of 6 x disable_at
+    requests whose lengths spread out, so the batch crosses the threshold both ways: off steps, a flush
+    (48 tokens outrun the default 32-token buffer), a catch-up on resume and speculative steps at the
+    batch sizes a draining wave meets. Kernels first used there compile now, not under the soak's load.
+    Returns the seconds taken."""
     import aiohttp
 
     t0, text = time.perf_counter(), prompts(1)[0] * 4
@@ -158,6 +162,9 @@ async def warm_paths(url: str) -> float:
                         {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": 8},
                          "return_logprob": True, "top_logprobs_num": 2}):  # fmt: skip
             await generate(s, url, payload)
+        for wave in range(2):
+            await asyncio.gather(*(generate(s, url, {"text": t, "sampling_params": {
+                "temperature": 0.8 * wave, "max_new_tokens": 48 + 4 * i}}) for i, t in enumerate(prompts(6 * disable_at))))
     return round(time.perf_counter() - t0, 1)
 
 
@@ -254,7 +261,7 @@ def main(argv=None) -> int:
                 outputs[variant] = asyncio.run(identity_run(server.url, a))
                 print(f"  identity run done: {len(outputs[variant])} outputs", flush=True)
             if variant == "gated" and a.requests:
-                print(f"  warm-up of the soak's paths: {asyncio.run(warm_paths(server.url))} s", flush=True)
+                print(f"  warm-up of the soak's paths: {asyncio.run(warm_paths(server.url, a.disable_at))} s", flush=True)
                 soak_result = asyncio.run(soak(server.url, a, random.Random(7)))
                 print(f"  soak: {json.dumps(soak_result)}", flush=True)
                 time.sleep(5)  # idle: SGLang's strict memory check runs now

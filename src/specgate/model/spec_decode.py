@@ -35,7 +35,7 @@ class Request:
     draft_next: int | None = None  # d_1 for the next speculative step (target id)
     draft_state: torch.Tensor | None = None  # pre-norm output of the last draft-extend position
     verify_steps: int = 0
-    accepted_tokens: int = 0  # tokens produced by verify steps (accepted drafts + bonus)
+    accepted_tokens: int = 0  # tokens verify steps added to the output (accepted drafts + bonus, up to EOS)
     # Positions not yet extended into the draft KV (the gate was off): the target's aux hidden
     # states [1, n, 3H] and the next tokens [1, n]. Drafting resumes only after a catch-up extend.
     behind_aux: list[torch.Tensor] = field(default_factory=list)
@@ -204,8 +204,8 @@ class SpecDecoder:
                 a += 1
             accepted.append(a)
             r.verify_steps += 1
-            r.accepted_tokens += a + 1
-            r.emit(d[:a] + [g[a]])
+            # what the request keeps: drafts accepted past its EOS or max_new_tokens are no output, so no acceptance
+            r.accepted_tokens += len(r.emit(d[:a] + [g[a]]))
         # keep x_n and the accepted drafts in the target KV; extend the draft over them
         keep = self._ids(accepted) + 1
         self.target_cache.truncate(slots, base_len + keep)

@@ -105,6 +105,8 @@ def test_verify_accept_and_draft_extend_with_a_mostly_right_drafter(smollm2):
         state.update(prompt_len=len(ids), ref=ref)
         req = generate(decoder, Request(0, ids, 48, eos), 4)
         assert req.output == ref
+        # every token after the prefill's came from a verify step, and none accepted past EOS or the length cap
+        assert req.accepted_tokens == len(req.output) - 1
         taus.append(req.accepted_tokens / req.verify_steps)
     assert sum(taus) / len(taus) > 2.0  # many multi-token accepts were exercised
 
