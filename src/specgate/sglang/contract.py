@@ -10,6 +10,7 @@ parameter a release adds to a hooked method (0.5.17's `grammar_barrier`) is a du
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import importlib.util
 from pathlib import Path
@@ -61,6 +62,12 @@ def members(tree: ast.Module) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _members_of(source: str) -> dict:
+    """members() of one file's text, parsed once (several adapters read the same files)."""
+    return members(ast.parse(source))
+
+
 def _self_attributes(fn) -> set[str]:
     names = set()
     for node in ast.walk(fn):
@@ -91,7 +98,7 @@ def mismatches(srt_dir: Path, contract: dict, fields: dict, first: bool = True) 
         if not path.exists():
             out.append(f"{rel} is missing")
             continue
-        found = members(ast.parse(path.read_text(), str(path)))
+        found = _members_of(path.read_text())
         for cls, spec in classes.items():
             if cls not in found:
                 out.append(f"{rel}: class {cls} is missing")
