@@ -6,15 +6,15 @@
 # Needs a GPU host with SGLang and specgate installed, and a target checkpoint (the workflow's results/target).
 # usage: bash benchmarks/sglang_release_proof.sh TARGET OUTDIR [SECONDS_PER_LEVEL]
 set -euo pipefail
-target=$1 out=$2 seconds=${3:-30}
-mkdir -p "$out"
-python -c 'import sglang; from specgate.sglang import trueoff; a, why = trueoff.select_adapter(); print("SGLang", sglang.__version__, "->", a.LINE + " adapter" if a else "steps=0 fallback: " + why)' | tee "$out/adapter.txt"
+target=$1 dest=$2 seconds=${3:-30}
+mkdir -p "$dest"
+python -c 'import sglang; from specgate.sglang import trueoff; a, why = trueoff.select_adapter(); print("SGLang", sglang.__version__, "->", a.LINE + " adapter" if a else "steps=0 fallback: " + why)' | tee "$dest/adapter.txt"
 python benchmarks/trueoff_proof.py --target "$target" --backend triton --variants nospec,gated \
-    --identity-prompts 48 --requests 0 --work-dir "$out/identity" --out "$out/identity.md"
+    --identity-prompts 48 --requests 0 --work-dir "$dest/identity" --out "$dest/identity.md"
 python benchmarks/gate_overhead.py --shape llama-3.1-8b --backend triton --variants nospec,trueoff \
-    --concurrency 16,64,128 --seconds "$seconds" --work-dir "$out/p1_triton" --out "$out/p1_triton.md"
+    --concurrency 16,64,128 --seconds "$seconds" --work-dir "$dest/p1_triton" --out "$dest/p1_triton.md"
 python benchmarks/trueoff_proof.py --target "$target" --backend flashinfer --variants gated --no-deterministic \
     --identity-prompts 0 --requests 2500 --burst-period 0.5 --burst-seconds 0.12 --burst-rate 150 --trickle-rate 3 \
-    --mem-fraction 0.15 --work-dir "$out/soak" --out "$out/soak.md"
+    --mem-fraction 0.15 --work-dir "$dest/soak" --out "$dest/soak.md"
 python benchmarks/gate_overhead.py --shape llama-3.1-8b --backend flashinfer --variants nospec,trueoff \
-    --concurrency 16,64,128 --seconds "$seconds" --work-dir "$out/p1_flashinfer" --out "$out/p1_flashinfer.md"
+    --concurrency 16,64,128 --seconds "$seconds" --work-dir "$dest/p1_flashinfer" --out "$dest/p1_flashinfer.md"
