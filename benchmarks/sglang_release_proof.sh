@@ -15,6 +15,6 @@ python benchmarks/gate_overhead.py --shape llama-3.1-8b --backend triton --varia
     --concurrency 16,64,128 --seconds "$seconds" --work-dir "$dest/p1_triton" --out "$dest/p1_triton.md"
 python benchmarks/trueoff_proof.py --target "$target" --backend flashinfer --variants gated --no-deterministic \
     --identity-prompts 0 --requests 2500 --burst-period 0.5 --burst-seconds 0.12 --burst-rate 150 --trickle-rate 3 \
-    --mem-fraction 0.15 --work-dir "$dest/soak" --out "$dest/soak.md"
+    --mem-fraction 0.15 --soft-watchdog 20 --work-dir "$dest/soak" --out "$dest/soak.md"
 python benchmarks/gate_overhead.py --shape llama-3.1-8b --backend flashinfer --variants nospec,trueoff \
     --concurrency 16,64,128 --seconds "$seconds" --work-dir "$dest/p1_flashinfer" --out "$dest/p1_flashinfer.md"

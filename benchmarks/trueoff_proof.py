@@ -72,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--burst-seconds", type=float, default=0.5, help="soak: seconds of each cycle at --burst-rate")
     p.add_argument("--burst-rate", type=float, default=100, help="soak: arrivals per second during a burst")
     p.add_argument("--trickle-rate", type=float, default=5, help="soak: arrivals per second between bursts")
+    p.add_argument("--soft-watchdog", type=float,
+                   help="SGLang's --soft-watchdog-timeout: a step longer than this many seconds logs the scheduler's "
+                        "stacks (py-spy on PATH)")
     p.add_argument("--work-dir")
     p.add_argument("--out", default="trueoff_proof.md")
     return p.parse_args(argv)
@@ -100,6 +103,8 @@ def command(variant: str, a, port: int, draft: Path, stats: Path) -> tuple[list[
            "--disable-prefill-cuda-graph"]  # fmt: skip
     if a.deterministic:
         cmd.append("--enable-deterministic-inference")
+    if a.soft_watchdog:
+        cmd += ["--soft-watchdog-timeout", str(a.soft_watchdog)]
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
     if variant == "nospec":
         return cmd, env

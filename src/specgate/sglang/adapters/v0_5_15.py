@@ -87,6 +87,7 @@ CONTRACT = {
         "ModelRunner": {
             "_get_attention_backend": ["self", "init_new_workspace"],
             "init_decode_cuda_graph": ["self"],
+            "sample": ["self", "logits_output", "forward_batch"],
             "war_fastpath_read_done_event": None,
             "decode_cuda_graph_runner": None,
             "attn_backend": None,
@@ -256,7 +257,9 @@ def plain_step(gate, batch, slots_cpu, on_publish):
     mr.attn_backend, mr.decode_cuda_graph_runner = gate.attn_backend, gate.graph_runner
     try:
         forward_batch = ForwardBatch.init_new(view, mr)
-        out = gate.worker.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch)
+        # the forward alone (as verify runs it): a logprob request's logits are kept before the sampler
+        # scales them by the temperature in place
+        out = gate.worker.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True)
     finally:
         mr.attn_backend, mr.decode_cuda_graph_runner = saved
     # the scheduler's write-after-read barrier waits on the draft runner's event (spec v2)
@@ -272,8 +275,13 @@ def plain_step(gate, batch, slots_cpu, on_publish):
     gate.buffers.append(slots_cpu, tokens, logits_output.hidden_states)
     if not batch.return_hidden_states:  # else one row per request, as a speculative step returns them
         logits_output.hidden_states = None
-    next_ids = out.next_token_ids
+    raw = None
+    if batch.return_logprob and not batch.sampling_info.is_all_greedy:
+        raw = logits_output.next_token_logits.clone()
+    next_ids = mr.sample(logits_output, forward_batch)
     if batch.return_logprob:  # SGLang's own spec-v2 logprobs: [bs, accepted] rows, here one token each
+        if raw is not None:
+            logits_output.next_token_logits = raw
         accept_index = torch.arange(bs, device=next_ids.device).view(bs, 1)
         compute_spec_v2_logprobs(batch, logits_output, next_ids, accept_index, 0)
     # draft fields pass through untouched: they are stale until the catch-up rewrites them
