@@ -24,7 +24,7 @@ On a GPU host with SGLang, through specgate's true-off plugin, with the pair the
   python benchmarks/auto_shift.py --engine sglang --target results/target_widened \
       --drafter results/drafter_widened --eval results/data/eval.jsonl --concurrency 8 \
       --thresholds 4,8,16 --max-running 128 --attention-backend triton \
-      --extra-args="--sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.6 --cuda-graph-max-bs 16"
+      --extra-args="--sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.6 --cuda-graph-max-bs-decode 16"
 (--grammar-backend none where xgrammar is not installed; --no-references leaves out no-spec and always-on,
 which cost two phases each.)
 """

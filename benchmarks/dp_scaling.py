@@ -120,7 +120,7 @@ def make_inputs(work: Path, shape: dict, total_tokens: int, device: str, batch_t
     vocab = work / "vocab.safetensors"
     if not vocab.exists():
         build_vocab_stage(str(tokens), str(target), str(vocab), str(work / "vocab.json"), min(16384, shape["vocab_size"]))
-    return dict(capture_index=str(index), vocab_path=str(vocab), target_dir=str(target))
+    return dict(hidden_states=str(index), vocab_path=str(vocab), target_dir=str(target))
 
 
 def run_setting(work: Path, inputs: dict, ranks: int, job_threads: int, steps: int, train: dict) -> dict:

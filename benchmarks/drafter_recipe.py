@@ -114,7 +114,7 @@ def run_row(n: int, config: dict, train: dict, data_paths: dict, work: Path) -> 
     weights, metrics, acceptance = d / "drafter.safetensors", d / "metrics.csv", d / "acceptance.csv"
     if not weights.exists():
         t0 = time.perf_counter()
-        run_training_job(capture_index=str(data_paths["capture"]), vocab_path=str(data_paths["vocab"]),
+        run_training_job(hidden_states=str(data_paths["capture"]), vocab_path=str(data_paths["vocab"]),
                          target_dir=layout.TARGET, out_weights=str(weights), out_metrics=str(metrics),
                          seed=config["seed"], device=config["device"], checkpoint_every=10**6,
                          precision=config["train"]["precision"], num_processes=config["train"]["num_processes"],

@@ -128,7 +128,7 @@ def server_command(variant: str, a: argparse.Namespace, paths: dict, port: int) 
            "--sampling-backend", "pytorch", "--grammar-backend", "none",
            "--mem-fraction-static", "0.8", "--context-length", str(max(4096, a.input_len + a.output_len + 64)),
            # explicit, or SGLang lowers it under EAGLE and the top level would queue instead of run
-           "--max-running-requests", str(top), "--cuda-graph-max-bs", str(top), "--disable-prefill-cuda-graph"]  # fmt: skip
+           "--max-running-requests", str(top), "--cuda-graph-max-bs-decode", str(top), "--disable-prefill-cuda-graph"]  # fmt: skip
     if variant == "nospec":
         return cmd, {}
     cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(paths["draft"]),

@@ -99,7 +99,7 @@ def command(variant: str, a, port: int, draft: Path, stats: Path) -> tuple[list[
            "--model-path", a.target, "--attention-backend", a.backend, "--grammar-backend", "none",
            "--sampling-backend", "pytorch",  # flashinfer's sampler JIT-compiles on the first sampled request
            "--mem-fraction-static", str(a.mem_fraction),
-           "--max-running-requests", str(a.max_running), "--cuda-graph-max-bs", str(a.max_running),
+           "--max-running-requests", str(a.max_running), "--cuda-graph-max-bs-decode", str(a.max_running),
            "--disable-prefill-cuda-graph"]  # fmt: skip
     if a.deterministic:
         cmd.append("--enable-deterministic-inference")
