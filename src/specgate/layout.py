@@ -69,10 +69,12 @@ def served_drafter(widened: bool) -> str:
     return DRAFTER_WIDENED if widened else DRAFTER
 
 
-def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool = False, trained: bool = True) -> dict:
+def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool = False, trained: bool = True,
+                  captured: bool = True) -> dict:  # fmt: skip
     """Every file the report reads, by the name `write_report` takes it under. Each bench summary
     (`<variant>/round<r>.csv`) brings its per-request records (`.jsonl`) beside it. `trained`: the
-    drafter was trained here (else it came from drafter.path, and no training stage ran)."""
+    drafter was trained here (else it came from drafter.path, and no training stage ran). `captured`:
+    hidden states were written to disk (capture.mode offline) rather than computed in the training loop."""
     inputs = {
         "target": served_target(widened),
         "data_summary": DATA_SUMMARY,
@@ -82,8 +84,9 @@ def report_inputs(*, regenerate: bool, bench_summaries: list[str], widened: bool
         "bench_records": [s.removesuffix(".csv") + ".jsonl" for s in bench_summaries],
     }
     if trained:
-        inputs |= {"tokens_summary": TOKENS_SUMMARY, "capture_index": CAPTURE_INDEX, "vocab_summary": VOCAB_SUMMARY,
-                   "train_metrics": TRAIN_METRICS}  # fmt: skip
+        inputs |= {"tokens_summary": TOKENS_SUMMARY, "vocab_summary": VOCAB_SUMMARY, "train_metrics": TRAIN_METRICS}
+        if captured:
+            inputs["capture_index"] = CAPTURE_INDEX
     if regenerate:
         inputs["regen_summary"] = REGEN_SUMMARY
     if widened:

@@ -144,6 +144,26 @@ def test_capture_param_reruns_capture_and_nothing_upstream(workdir):
 DOWNSTREAM_OF_CAPTURE = {"train", "export", "acceptance", "acceptance_unwidened", "bench", "report"}
 
 
+def test_online_capture_trains_from_the_tokens_and_writes_no_shards(workdir, tmp_path):
+    """capture.mode online: the capture stage leaves the plan, training reads the tokenized set, runs the
+    target on each batch, and the report says so."""
+    work, env = workdir
+    run = tmp_path / "online"
+    for upstream in ("target", "target_widened", "data", "tokens", "vocab"):  # what training reads, and before
+        shutil.copytree(work / "results" / upstream, run / "results" / upstream, symlinks=True)
+    shutil.copy(work / "config.yaml", run / "config.yaml")
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["capture"]["mode"] = "online"
+    cfg["bench"] |= {"auto": False, "concurrency": [1], "request_rates": [], "rounds": 1}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    plan = planned_jobs(snakemake(run, "-n", "results/report.md", env=env))
+    assert "capture" not in plan and {"train", "export", "report"} <= plan
+    snakemake(run, "results/report.md", env=env)
+    assert not (run / "results/capture").exists()
+    assert "the target computed the hidden states of each training batch" in (run / "results/report.md").read_text()
+    assert "Nothing to be done" in snakemake(run, "-n", "results/report.md", env=env)
+
+
 @pytest.mark.parametrize(
     "module, stages",
     [

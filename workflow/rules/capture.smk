@@ -1,6 +1,7 @@
 # Shards live beside the index in results/capture/shards/. Only the index is the
 # declared output, so Snakemake does not delete finished shards of a killed run and
-# a rerun resumes at the first missing shard.
+# a rerun resumes at the first missing shard. capture.mode online leaves this rule out of the plan:
+# training computes the states itself (train.smk).
 rule capture:
     input:
         tokens=paths.TOKENS,
@@ -15,7 +16,7 @@ rule capture:
         "../../envs/specgate.yaml"
     threads: all_cores
     params:
-        capture=config["capture"],
+        capture=offline_capture_settings(),
         device=config["device"],
         code=fingerprint("pipeline.capture"),
     script:

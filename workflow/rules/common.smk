@@ -99,6 +99,31 @@ def report_inputs(wildcards):
         trained=trained(),
         bench_summaries=bench_summaries(),
         widened=widened(),
+        captured=config["capture"]["mode"] == "offline",
+    )
+
+
+def train_hidden_states(wildcards):
+    """What training reads its hidden states from: the capture's index (offline), or the tokenized set,
+    with the target run on each batch (online)."""
+    return (
+        paths.CAPTURE_INDEX if config["capture"]["mode"] == "offline" else paths.TOKENS
+    )
+
+
+def offline_capture_settings():
+    """The capture stage's settings: every capture key but the mode (which decides whether it runs)."""
+    return {k: v for k, v in config["capture"].items() if k != "mode"}
+
+
+def train_capture_settings():
+    """The capture keys training itself uses: online, the layers and dtype it computes; offline, none
+    (the index carries them, and a change reruns the capture first)."""
+    c = config["capture"]
+    return (
+        {"mode": "online", "layers": c["layers"], "dtype": c["dtype"]}
+        if c["mode"] == "online"
+        else {"mode": "offline"}
     )
 
 

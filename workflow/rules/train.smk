@@ -1,7 +1,8 @@
 # Checkpoints live in results/train/checkpoints/, not declared, so a killed run resumes.
+# capture.mode online: the input is the tokenized set, and the target runs in the training loop.
 rule train:
     input:
-        capture=paths.CAPTURE_INDEX,
+        hidden_states=train_hidden_states,
         vocab=paths.VOCAB,
         target=paths.TARGET,
     output:
@@ -16,6 +17,7 @@ rule train:
     threads: all_cores
     params:
         train=config["train"],
+        capture=train_capture_settings(),
         seed=config["seed"],
         device=config["device"],
         code=fingerprint("pipeline.train"),

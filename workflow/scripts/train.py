@@ -3,7 +3,8 @@ from specgate.pipeline.train import run_training_job
 
 with stage_log(snakemake.log[0]):
     run_training_job(
-        capture_index=snakemake.input.capture,
+        hidden_states=snakemake.input.hidden_states,
+        capture=snakemake.params.capture,
         vocab_path=snakemake.input.vocab,
         target_dir=snakemake.input.target,
         out_weights=snakemake.output.weights,

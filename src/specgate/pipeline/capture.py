@@ -270,6 +270,46 @@ class CaptureDataset:
                 start = end
 
 
+class OnlineCapture:
+    """capture.mode online: the same hidden states as the shards hold, computed by the target for each
+    training batch on the training device; nothing is written. Sequences come from the tokenized set."""
+
+    def __init__(self, tokens_path: str | Path, target_dir: str | Path, device, *, layers: list[int] | None = None,
+                 dtype: str = "bfloat16", **_offline_only):  # fmt: skip
+        manifest = json.loads((Path(target_dir) / "manifest.json").read_text())
+        n_layers = manifest["num_hidden_layers"]
+        self.layers = list(layers) if layers else default_layers(n_layers)
+        if max(self.layers) >= n_layers:
+            raise ValueError(f"config key 'capture.layers': {self.layers} out of range for a {n_layers}-layer target")
+        self.dtype = DTYPES[dtype]
+        self.data = TokenizedDataset(tokens_path)
+        self.model = load_target(target_dir, device).requires_grad_(False)
+        # what a checkpoint's fingerprint and the drafter's config read from an offline index
+        fingerprint = stable_hash({"tokens": sha256_file(tokens_path), "target": manifest["weights"],
+                                   "layers": self.layers, "dtype": dtype, "mode": "online"})  # fmt: skip
+        self.index = {"fingerprint": fingerprint, "layers_sglang": self.layers}
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def length(self, i: int) -> int:
+        return self.data.length(i)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        input_ids, loss_mask = self.data[i]
+        return {"input_ids": input_ids, "loss_mask": loss_mask}
+
+    @torch.no_grad()
+    def fill(self, batch: dict[str, torch.Tensor]) -> None:
+        """Add aux_hidden [B, T, 3H] and final_hidden [B, T, H] to a collated batch, in the storage dtype and
+        zero on padding, as a batch read from shards has them."""
+        with hooked_layers(self.model, self.layers) as store:
+            final = self.model.get_decoder()(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
+        keep = batch["valid"].unsqueeze(-1)
+        batch["aux_hidden"] = torch.cat([store[layer] for layer in self.layers], dim=-1).to(self.dtype) * keep
+        batch["final_hidden"] = final.to(self.dtype) * keep
+
+
 def run_capture_job(num_processes: int | str, **job) -> None:
     run_data_parallel("specgate.pipeline.capture", capture_hidden_states, job, num_processes, Path(job["index_out"]).parent)
 

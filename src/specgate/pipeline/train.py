@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from specgate.files import TMP_MARK, ShardDir, atomic_path, sha256_file, stable_hash
 from specgate.model.drafter import Bf16Copy, Eagle3Drafter, drafter_config, ttt_attention
-from specgate.pipeline.capture import plan_batches
+from specgate.pipeline.capture import OnlineCapture, plan_batches
 from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, native_bf16, pick_device, run_data_parallel, worker_main
 
 log = logging.getLogger(__name__)
@@ -41,19 +41,22 @@ log = logging.getLogger(__name__)
 
 
 class CapturedSequences:
-    """Random access to captured sequences; reads only the rows asked for (mmap slices)."""
+    """Random access to captured sequences; reads only the rows asked for (mmap slices). Sequence i is
+    the tokenized set's sequence i, whatever shard holds it, so the shard layout never changes training
+    (and online capture, which reads the tokenized set, trains the same drafter)."""
 
     def __init__(self, index_path: str | Path):
         root = Path(index_path).parent
         self.index = json.loads(Path(index_path).read_text())
         self.files = [str(root / s["file"]) for s in self.index["shards"]]
-        self.where: list[tuple[int, int, int]] = []  # (shard, start row, length) per sequence
+        where: dict[int, tuple[int, int, int]] = {}  # sequence -> (shard, start row, length)
         for shard_no, path in enumerate(self.files):
             with safe_open(path, framework="pt") as f:
                 start = 0
-                for n in f.get_tensor("seq_lens").tolist():
-                    self.where.append((shard_no, start, n))
+                for seq_id, n in zip(f.get_tensor("seq_ids").tolist(), f.get_tensor("seq_lens").tolist(), strict=True):
+                    where[seq_id] = (shard_no, start, n)
                     start += n
+        self.where = [where[i] for i in range(len(where))]
         self._open: dict[int, object] = {}
 
     def __len__(self) -> int:
@@ -72,22 +75,24 @@ class CapturedSequences:
 
 
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest sequence; `valid` marks real tokens."""
+    """Right-pad to the longest sequence; `valid` marks real tokens. Hidden states are padded where the
+    items carry them (offline); online capture adds them to the batch afterwards."""
     width = max(len(x["input_ids"]) for x in items)
     out = {
         "input_ids": torch.zeros(len(items), width, dtype=torch.long),
         "loss_mask": torch.zeros(len(items), width, dtype=torch.bool),
         "valid": torch.zeros(len(items), width, dtype=torch.bool),
-        "aux_hidden": torch.zeros(len(items), width, items[0]["aux_hidden"].shape[-1], dtype=items[0]["aux_hidden"].dtype),
-        "final_hidden": torch.zeros(len(items), width, items[0]["final_hidden"].shape[-1], dtype=items[0]["final_hidden"].dtype),
-    }  # fmt: skip
+    }
+    hidden = [k for k in ("aux_hidden", "final_hidden") if k in items[0]]
+    for k in hidden:
+        out[k] = torch.zeros(len(items), width, items[0][k].shape[-1], dtype=items[0][k].dtype)
     for row, x in enumerate(items):
         n = len(x["input_ids"])
         out["input_ids"][row, :n] = x["input_ids"].long()
         out["loss_mask"][row, :n] = x["loss_mask"].bool()
         out["valid"][row, :n] = True
-        out["aux_hidden"][row, :n] = x["aux_hidden"]
-        out["final_hidden"][row, :n] = x["final_hidden"]
+        for k in hidden:
+            out[k][row, :n] = x[k]
     return out
 
 
@@ -234,7 +239,8 @@ def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 def train_drafter(
-    capture_index: str, vocab_path: str, target_dir: str, out_weights: str, out_metrics: str, *,
+    hidden_states: str, vocab_path: str, target_dir: str, out_weights: str, out_metrics: str, *,
+    capture: dict | None = None,
     ttt_length: int = 4, epochs: int = 1, steps: int | None = None, batch_tokens: int = 4096, lr: float = 3e-4,
     warmup_steps: int = 20, min_lr_ratio: float = 0.1, weight_decay: float = 0.0, grad_clip: float = 0.5,
     loss_decay: float = 0.8, init: str = "random", checkpoint_every: int = 50, seed: int = 0, device: str = "auto",
@@ -253,7 +259,12 @@ def train_drafter(
     autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=precision == "autocast")
     compute_dtype = torch.bfloat16 if precision in ("bf16", "autocast") else torch.float32
     set_seed(seed)
-    data = CapturedSequences(capture_index)
+    # offline: hidden_states is a capture index; online: the tokenized set, and the target runs here
+    online = (capture or {}).get("mode") == "online"
+    if online:
+        data = OnlineCapture(hidden_states, target_dir, accelerator.device, **{k: v for k, v in capture.items() if k != "mode"})
+    else:
+        data = CapturedSequences(hidden_states)
     lengths = [data.length(i) for i in range(len(data))]
     # batch_tokens is the global batch: each of N ranks takes 1/N of it, so N GPUs take the same
     # optimizer steps over the same global batches as one GPU and train the same drafter.
@@ -319,6 +330,8 @@ def train_drafter(
                 break
             t0 = time.perf_counter()
             batch = {k: v.to(accelerator.device) for k, v in collate([data[i] for i in ids]).items()}
+            if online:
+                data.fill(batch)
             with autocast:
                 loss, stats = ttt_loss(model, embed, target_head, batch, ttt_length, loss_decay)
             accelerator.backward(loss)

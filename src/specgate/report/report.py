@@ -136,15 +136,20 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
                          if r["tokens_per_s"] else
                          f"(all {r['chunks_reused']} parts reused from an earlier run: no tokens generated in this one).")]  # fmt: skip
     if train_metrics:  # the drafter was trained here
-        tokens, cap, vocab = map(_json, (tokens_summary, capture_index, vocab_summary))
+        tokens, vocab = _json(tokens_summary), _json(vocab_summary)
+        cap = _json(capture_index) if capture_index else None  # None: capture.mode online
         parts += ["", f"Tokenized: {tokens['sequences']} sequences, {tokens['tokens']} tokens, {tokens['loss_tokens']} "
                       f"under the loss mask; {tokens['truncated_to_max_length']} truncated to {tokens['max_length']}, "
                       f"skipped: {tokens['skipped']}."]  # fmt: skip
 
         parts += ["", "## Hidden-state capture", ""]
-        parts.append(_table(["layers (SGLang)", "HF hidden_states", "sequences", "tokens", "shards", "size", "dtype", "tok/s (last run)"], [[
-            cap["layers_sglang"], cap["hidden_state_indices_hf"], cap["sequences"], cap["tokens"], len(cap["shards"]),
-            f"{cap['bytes'] / 2**30:.2f} GiB", cap["dtype"], cap["last_run"]["tokens_per_s_rank0"]]]))  # fmt: skip
+        if cap is None:
+            parts.append("Online (`capture.mode: online`): the target computed the hidden states of each training batch "
+                         "in the training loop; nothing was written to disk.")  # fmt: skip
+        else:
+            parts.append(_table(["layers (SGLang)", "HF hidden_states", "sequences", "tokens", "shards", "size", "dtype", "tok/s (last run)"], [[
+                cap["layers_sglang"], cap["hidden_state_indices_hf"], cap["sequences"], cap["tokens"], len(cap["shards"]),
+                f"{cap['bytes'] / 2**30:.2f} GiB", cap["dtype"], cap["last_run"]["tokens_per_s_rank0"]]]))  # fmt: skip
 
         parts += ["", "## Draft vocabulary", ""]
         parts.append(_table(["draft vocab", "target vocab", "distinct masked tokens", "coverage", "padded"], [[

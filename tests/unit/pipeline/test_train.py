@@ -12,7 +12,7 @@ SETTINGS = dict(ttt_length=3, epochs=2, batch_tokens=1024, lr=3e-3, checkpoint_e
 
 def _job(tiny_target, tiny_capture, out):
     index, vocab = tiny_capture
-    return dict(capture_index=str(index), vocab_path=str(vocab), target_dir=str(tiny_target),
+    return dict(hidden_states=str(index), vocab_path=str(vocab), target_dir=str(tiny_target),
                 out_weights=str(out / "drafter.safetensors"), out_metrics=str(out / "metrics.csv"), **SETTINGS)  # fmt: skip
 
 
@@ -164,3 +164,37 @@ def test_bf16_precision_runs_on_bf16_copies_and_saves_fp32_masters(tmp_path, tin
     # fp32 masters take steps a bf16 weight could not: some weights are not bf16-representable
     fc = weights["fc.weight"]
     assert not torch.equal(fc, fc.to(torch.bfloat16).float())
+
+
+def test_online_capture_gives_the_offline_states_and_the_same_training(tmp_path, tiny_target, tiny_tokens, tiny_capture):
+    """capture.mode online: the target runs on each training batch. Its states are the shards' states
+    (up to float rounding of a different batch shape), and training on them follows the offline run."""
+    from specgate.pipeline.capture import OnlineCapture
+    from specgate.pipeline.train import CapturedSequences, collate
+
+    index, vocab = tiny_capture
+    offline = CapturedSequences(index)
+    online = OnlineCapture(tiny_tokens, tiny_target, torch.device("cpu"), layers=None, dtype="float32")
+    assert len(online) == len(offline) and online.index["layers_sglang"] == offline.index["layers_sglang"]
+    ids = [0, 5, 17]
+    want, got = collate([offline[i] for i in ids]), collate([online[i] for i in ids])
+    assert "aux_hidden" not in got
+    online.fill(got)
+    assert torch.equal(got["input_ids"], want["input_ids"]) and torch.equal(got["valid"], want["valid"])
+    for key in ("aux_hidden", "final_hidden"):
+        assert got[key].shape == want[key].shape and got[key].dtype == want[key].dtype
+        torch.testing.assert_close(got[key], want[key], atol=1e-4, rtol=1e-4)
+    assert not got["aux_hidden"][~got["valid"]].any(), "padding is zero, as in a batch read from shards"
+
+    short = {"steps": 6, "checkpoint_every": 100}
+    ref = tmp_path / "offline"
+    train_drafter(**_job(tiny_target, tiny_capture, ref) | short)
+    out = tmp_path / "online"
+    train_drafter(**_job(tiny_target, tiny_capture, out) | short | {
+        "hidden_states": str(tiny_tokens), "capture": {"mode": "online", "layers": None, "dtype": "float32"}})
+    assert not list(out.glob("**/*shard*")), "online mode writes no hidden states"
+    with open(ref / "metrics.csv") as f, open(out / "metrics.csv") as g:
+        a, b = list(csv.DictReader(f)), list(csv.DictReader(g))
+    assert len(a) == len(b) == 6
+    assert float(b[-1]["loss"]) < float(b[0]["loss"])
+    assert [float(r["loss"]) for r in b] == pytest.approx([float(r["loss"]) for r in a], rel=1e-3)
