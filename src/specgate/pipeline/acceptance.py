@@ -21,12 +21,16 @@ log = logging.getLogger(__name__)
 
 
 def predicted_tau(metrics_csv: str, k: int, last: int = 20) -> float | None:
-    """tau_hat for k drafts from the per-step accuracies of the last `last` training steps."""
+    """tau_hat for k drafts: from the per-step accuracies on the held-out sequences at the last evaluation
+    (train.heldout_sequences), else from those of the last `last` training steps."""
     with open(metrics_csv) as f:
-        rows = list(csv.DictReader(f))[-last:]
-    if not rows or f"acc_{k - 1}" not in rows[0]:
+        rows = list(csv.DictReader(f))
+    heldout = [r for r in rows if r.get(f"heldout_acc_{k - 1}")]
+    rows = heldout[-1:] if heldout else rows[-last:]
+    prefix = "heldout_acc_" if heldout else "acc_"
+    if not rows or f"{prefix}{k - 1}" not in rows[0]:
         return None
-    acc = [sum(float(r[f"acc_{i}"]) for r in rows) / len(rows) for i in range(k)]
+    acc = [sum(float(r[f"{prefix}{i}"]) for r in rows) / len(rows) for i in range(k)]
     tau, run = 1.0, 1.0
     for a in acc:
         run *= a

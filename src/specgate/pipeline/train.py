@@ -96,10 +96,26 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return out
 
 
+LENGTH_BUCKET = 32  # sequences this close in length may share a batch: each epoch batches them differently
+
+
 def epoch_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """Length-bucketed batches in a seeded order that depends only on (seed, epoch)."""
-    batches = plan_batches(lengths, batch_tokens)
-    random.Random(f"{seed}:{epoch}").shuffle(batches)
+    """Batches of similar lengths, each at most batch_tokens padded, in an order and a composition that
+    depend only on (seed, epoch): within a length bucket the sequences are shuffled before batching, so
+    each epoch pairs them differently, and the batches are then shuffled."""
+    rng = random.Random(f"{seed}:{epoch}")
+    draw = [rng.random() for _ in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (-(lengths[i] // LENGTH_BUCKET), draw[i]))
+    batches, current, longest = [], [], 0
+    for i in order:
+        if current and max(longest, lengths[i]) * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, lengths[i])
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
     return batches
 
 
@@ -244,7 +260,7 @@ def train_drafter(
     ttt_length: int = 4, epochs: int = 1, steps: int | None = None, batch_tokens: int = 4096, lr: float = 3e-4,
     warmup_steps: int = 20, min_lr_ratio: float = 0.1, weight_decay: float = 0.0, grad_clip: float = 0.5,
     loss_decay: float = 0.8, init: str = "random", checkpoint_every: int = 50, seed: int = 0, device: str = "auto",
-    precision: str = "auto",
+    precision: str = "auto", heldout_sequences: int = 0, eval_every: int = 100,
 ) -> dict:  # fmt: skip
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -265,7 +281,10 @@ def train_drafter(
         data = OnlineCapture(hidden_states, target_dir, accelerator.device, **{k: v for k, v in capture.items() if k != "mode"})
     else:
         data = CapturedSequences(hidden_states)
-    lengths = [data.length(i) for i in range(len(data))]
+    # sequences kept out of training: the TTT accuracies and tau_hat measured on them (heldout_*)
+    heldout = heldout_split(len(data), heldout_sequences, seed)
+    train_ids = [i for i in range(len(data)) if i not in set(heldout)]
+    lengths = [data.length(i) for i in train_ids]
     # batch_tokens is the global batch: each of N ranks takes 1/N of it, so N GPUs take the same
     # optimizer steps over the same global batches as one GPU and train the same drafter.
     world = accelerator.num_processes
@@ -279,7 +298,7 @@ def train_drafter(
     settings = dict(ttt_length=ttt_length, epochs=epochs, steps=steps, batch_tokens=batch_tokens, lr=lr,
                     warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay,
                     grad_clip=grad_clip, loss_decay=loss_decay, init=init, seed=seed, precision=precision,
-                    world=accelerator.num_processes)  # fmt: skip
+                    world=accelerator.num_processes, heldout_sequences=len(heldout), eval_every=eval_every)  # fmt: skip
     fingerprint = stable_hash({"capture": data.index["fingerprint"], "vocab": sha256_file(vocab_path), **settings})
     ckpt_dir = Path(out_weights).parent / "checkpoints"
     if accelerator.is_main_process:
@@ -324,14 +343,14 @@ def train_drafter(
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         batches = epoch_batches(lengths, rank_tokens, seed, epoch)
-        mine = batches[accelerator.process_index :: world][:steps_per_epoch]
+        mine = batches[accelerator.process_index :: world]
+        # an epoch's batch count varies a little with its composition: every epoch takes steps_per_epoch steps
+        mine = (mine * -(-steps_per_epoch // max(len(mine), 1)))[:steps_per_epoch]
         for ids in mine[in_epoch:]:
             if step >= total_steps:
                 break
             t0 = time.perf_counter()
-            batch = {k: v.to(accelerator.device) for k, v in collate([data[i] for i in ids]).items()}
-            if online:
-                data.fill(batch)
+            batch = load_batch(data, [train_ids[j] for j in ids], accelerator.device, online)
             with autocast:
                 loss, stats = ttt_loss(model, embed, target_head, batch, ttt_length, loss_decay)
             accelerator.backward(loss)
@@ -348,6 +367,10 @@ def train_drafter(
             tokens = accelerator.reduce(batch["valid"].sum(), "sum").item()
             lr_now, tok_s = scheduler.get_last_lr()[0], tokens / (time.perf_counter() - t0)
             row = _metrics_row(step, epoch, accelerator, stats, lr_now, tok_s, loss_decay)
+            evaluate = heldout and (step % eval_every == 0 or step == total_steps)
+            row |= heldout_row(ttt_length, heldout_stats(
+                model, embed, target_head, data, heldout, rank_tokens, ttt_length, loss_decay, accelerator, online,
+                autocast) if evaluate else None)  # fmt: skip
             rows.append(row)
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}", tau=f"{row['tau_hat']:.2f}")
@@ -364,6 +387,48 @@ def train_drafter(
             save_file(state, str(tmp), metadata={"config": cfg.to_json_string(), "fingerprint": fingerprint})
         _write_rows(out_metrics, rows)
     return rows[-1] if rows else {}
+
+
+def load_batch(data, ids: list[int], device, online: bool) -> dict[str, torch.Tensor]:
+    batch = {k: v.to(device) for k, v in collate([data[i] for i in ids]).items()}
+    if online:
+        data.fill(batch)
+    return batch
+
+
+def heldout_split(n: int, wanted: int, seed: int) -> list[int]:
+    """The sequences kept out of training, chosen by the seed: `wanted`, and at most a tenth of them."""
+    return sorted(random.Random(f"{seed}:heldout").sample(range(n), min(wanted, n // 10)))
+
+
+@torch.no_grad()
+def heldout_stats(model, embed, target_head, data, heldout, rank_tokens, ttt_length, decay, accelerator, online,
+                  autocast) -> list[tuple[float, float]]:  # fmt: skip
+    """(correct, count) per TTT step over every held-out sequence, summed over the ranks."""
+    batches = plan_batches([data.length(i) for i in heldout], rank_tokens)
+    correct = torch.zeros(ttt_length, device=accelerator.device)
+    count = torch.zeros(ttt_length, device=accelerator.device)
+    for ids in batches[accelerator.process_index :: accelerator.num_processes]:
+        batch = load_batch(data, [heldout[j] for j in ids], accelerator.device, online)
+        with autocast:
+            _, stats = ttt_loss(model, embed, target_head, batch, ttt_length, decay)
+        for k, s in enumerate(stats):
+            correct[k] += s["correct"].float()
+            count[k] += s["count"].float()
+    correct, count = accelerator.reduce(correct, "sum"), accelerator.reduce(count, "sum")
+    return list(zip(correct.tolist(), count.tolist(), strict=True))
+
+
+def heldout_row(ttt_length: int, stats: list[tuple[float, float]] | None) -> dict:
+    """heldout_acc_k and heldout_tau_hat, blank on steps without an evaluation."""
+    if stats is None:
+        return {f"heldout_acc_{k}": "" for k in range(ttt_length)} | {"heldout_tau_hat": ""}
+    row, tau, running = {}, 1.0, 1.0
+    for k, (correct, count) in enumerate(stats):
+        row[f"heldout_acc_{k}"] = correct / max(count, 1)
+        running *= row[f"heldout_acc_{k}"]
+        tau += running
+    return row | {"heldout_tau_hat": tau}
 
 
 def average_gradients(params: list[torch.Tensor], world: int) -> None:

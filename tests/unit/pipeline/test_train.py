@@ -198,3 +198,36 @@ def test_online_capture_gives_the_offline_states_and_the_same_training(tmp_path,
     assert len(a) == len(b) == 6
     assert float(b[-1]["loss"]) < float(b[0]["loss"])
     assert [float(r["loss"]) for r in b] == pytest.approx([float(r["loss"]) for r in a], rel=1e-3)
+
+
+def test_each_epoch_batches_the_sequences_anew_within_the_token_budget():
+    import random
+
+    from specgate.pipeline.train import epoch_batches
+
+    rng = random.Random(0)
+    lengths = [rng.randint(20, 300) for _ in range(400)]
+    epochs = [epoch_batches(lengths, 1024, seed=0, epoch=e) for e in range(3)]
+    for batches in epochs:
+        assert sorted(i for b in batches for i in b) == list(range(400))  # every sequence once
+        assert all(max(lengths[i] for i in b) * len(b) <= 1024 or len(b) == 1 for b in batches)
+    pairs = [{frozenset(b) for b in batches} for batches in epochs]
+    assert len(pairs[0] & pairs[1]) < len(pairs[0]) / 2, "an epoch must not repeat the last one's batches"
+    assert epochs[1] == epoch_batches(lengths, 1024, seed=0, epoch=1), "and it depends only on (seed, epoch)"
+
+
+def test_heldout_sequences_give_tau_hat_at_each_evaluation_and_acceptance_reads_it(tmp_path, tiny_target, tiny_capture):
+    from specgate.pipeline.acceptance import predicted_tau
+    from specgate.pipeline.train import heldout_split
+
+    assert heldout_split(100, 64, 0) == heldout_split(100, 64, 0) and len(heldout_split(100, 64, 0)) == 10
+    train_drafter(**_job(tiny_target, tiny_capture, tmp_path) | {"steps": 7, "heldout_sequences": 16, "eval_every": 3})
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    evaluated = [int(r["step"]) for r in rows if r["heldout_tau_hat"]]
+    assert evaluated == [3, 6, 7]
+    last = rows[-1]
+    acc = [float(last[f"heldout_acc_{k}"]) for k in range(3)]
+    assert 0 <= min(acc) and max(acc) <= 1
+    assert float(last["heldout_tau_hat"]) == pytest.approx(1 + acc[0] + acc[0] * acc[1] + acc[0] * acc[1] * acc[2])
+    assert predicted_tau(str(tmp_path / "metrics.csv"), 2) == pytest.approx(1 + acc[0] + acc[0] * acc[1])
