@@ -275,7 +275,7 @@ class OnlineCapture:
     training batch on the training device; nothing is written. Sequences come from the tokenized set."""
 
     def __init__(self, tokens_path: str | Path, target_dir: str | Path, device, *, layers: list[int] | None = None,
-                 dtype: str = "bfloat16", **_offline_only):  # fmt: skip
+                 dtype: str = "bfloat16"):  # fmt: skip
         manifest = json.loads((Path(target_dir) / "manifest.json").read_text())
         n_layers = manifest["num_hidden_layers"]
         self.layers = list(layers) if layers else default_layers(n_layers)

@@ -283,7 +283,8 @@ def train_drafter(
         data = CapturedSequences(hidden_states)
     # sequences kept out of training: the TTT accuracies and tau_hat measured on them (heldout_*)
     heldout = heldout_split(len(data), heldout_sequences, seed)
-    train_ids = [i for i in range(len(data)) if i not in set(heldout)]
+    kept_out = set(heldout)
+    train_ids = [i for i in range(len(data)) if i not in kept_out]
     lengths = [data.length(i) for i in train_ids]
     # batch_tokens is the global batch: each of N ranks takes 1/N of it, so N GPUs take the same
     # optimizer steps over the same global batches as one GPU and train the same drafter.
