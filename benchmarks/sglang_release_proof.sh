@@ -24,7 +24,7 @@ for job in "${jobs[@]}"; do
     soak)
         python benchmarks/trueoff_proof.py --target "$target" --backend flashinfer --variants gated --no-deterministic \
             --identity-prompts 0 --requests 2500 --burst-period 0.5 --burst-seconds 0.12 --burst-rate 150 \
-            --trickle-rate 3 --mem-fraction 0.15 --soft-watchdog 20 --work-dir "$dest/soak" --out "$dest/soak.md" ;;
+            --trickle-rate 3 --mem-fraction 0.3 --soft-watchdog 20 --work-dir "$dest/soak" --out "$dest/soak.md" ;;
     *) echo "sglang_release_proof.sh: unknown job '$job' (identity, p1_triton, p1_flashinfer, soak)" >&2; exit 2 ;;
     esac
 done

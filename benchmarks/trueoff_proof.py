@@ -11,7 +11,8 @@ one-layer EAGLE-3 drafter of dummy weights, all under --enable-deterministic-inf
            cross-check on every sync-free step and SGLang's strict idle memory check
 
 Identity: the same prompts, greedy, in waves that overlap so the running batch crosses the
-threshold both ways; each server's output ids per prompt are compared with nospec's.
+threshold both ways (a wave waits for the earlier ones to drain to one request); each server's
+output ids per prompt are compared with nospec's.
 
 Soak (gated server only): --requests requests with bursty random arrivals (so the gate switches
 often), random output lengths, multi-turn prompts that share prefixes with earlier turns, some
@@ -126,7 +127,10 @@ async def generate(session, url, payload):
 
 
 async def identity_run(url: str, a) -> dict[int, list[int]]:
-    """Waves of 1, 12, 2, 16, 1, 8, 3, 5 ... requests, 0.4 s apart: the batch crosses the threshold both ways."""
+    """Waves of 1, 12, 2, 16, 1, 8, 3, 5 ... requests. A wave starts 0.4 s after the one before, and not
+    before the earlier requests have drained to one, so every large wave takes the batch above the
+    threshold and back below it while requests that ran off steps are still running: each release's
+    step speed leaves the same switches, off steps and catch-ups."""
     import aiohttp
 
     texts = prompts(a.identity_prompts)
@@ -145,6 +149,8 @@ async def identity_run(url: str, a) -> dict[int, list[int]]:
 
         tasks = []
         for wave in waves:
+            while sum(not t.done() for t in tasks) > 1:
+                await asyncio.sleep(0.05)
             tasks += [asyncio.create_task(one(k)) for k in wave]
             await asyncio.sleep(0.4)
         await asyncio.gather(*tasks)
@@ -153,8 +159,9 @@ async def identity_run(url: str, a) -> dict[int, list[int]]:
 
 async def warm_paths(url: str, disable_at: int) -> float:
     """One request down each path the soak takes, before its clock starts: a sampled one, one with
-    logprobs, and a prompt sent twice so the second hits the prefix cache (flashinfer compiles its
-    cascade kernels on the first hit and stalls the scheduler meanwhile). Then two waves of 6 x disable_at
+    logprobs, a greedy and a sampled one together, and a prompt sent twice so the second hits the
+    prefix cache (flashinfer compiles its cascade kernels on the first hit and stalls the scheduler
+    meanwhile). Then two waves of 6 x disable_at
     requests whose lengths spread out, so the batch crosses the threshold both ways: off steps, a flush
     (48 tokens outrun the default 32-token buffer), a catch-up on resume and speculative steps at the
     batch sizes a draining wave meets. Kernels first used there compile now, not under the soak's load.
@@ -167,9 +174,13 @@ async def warm_paths(url: str, disable_at: int) -> float:
                         {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": 8},
                          "return_logprob": True, "top_logprobs_num": 2}):  # fmt: skip
             await generate(s, url, payload)
+        # A greedy and a sampled request verified in one speculative batch: greedy rows carry top_k = 1,
+        # so SGLang's verify renormalizes with flashinfer's top-k kernel, which compiles on first use.
+        await asyncio.gather(*(generate(s, url, {"text": text, "sampling_params": {
+            "temperature": temp, "max_new_tokens": 16}}) for temp in (0, 0.8)))  # fmt: skip
         for wave in range(2):
             await asyncio.gather(*(generate(s, url, {"text": t, "sampling_params": {
-                "temperature": 0.8 * wave, "max_new_tokens": 48 + 4 * i}}) for i, t in enumerate(prompts(6 * disable_at))))
+                "temperature": 0.8 * ((i + wave) % 2), "max_new_tokens": 48 + 4 * i}}) for i, t in enumerate(prompts(6 * disable_at))))
     return round(time.perf_counter() - t0, 1)
 
 
