@@ -104,8 +104,11 @@ def _semantic_checks(config: dict) -> list[str]:
     if not any(s["train"] for s in sources):
         errors.append("config key 'data.sources': no source has train > 0")
     f = config["data"]["filters"]
-    if f["min_turns"] > f["max_turns"]:
+    if f["max_turns"] is not None and f["min_turns"] > f["max_turns"]:
         errors.append("config key 'data.filters.min_turns': larger than data.filters.max_turns")
+    regen = config["data"]["regenerate"]
+    if regen["replicas"] > 1 and regen["temperature"] == 0:
+        errors.append("config key 'data.regenerate.replicas': copies of greedy replies are identical; set data.regenerate.temperature > 0")
     layers = config["capture"]["layers"]
     if layers is not None and len(set(layers)) != len(layers):
         errors.append("config key 'capture.layers': layers must be distinct")

@@ -44,6 +44,14 @@ def test_every_overlay_over_the_default_config_is_valid(default, name):
     assert all(merged[k] == _overlay(merged, over)[k] for k in over)  # every key the overlay sets took
 
 
+def test_all_data_and_all_turns_are_valid(default):
+    cfg = copy.deepcopy(default)
+    cfg["data"]["sources"][0]["train"] = "all"
+    cfg["data"]["filters"]["max_turns"] = None
+    cfg["data"]["regenerate"] |= {"enabled": True, "temperature": 0.7, "replicas": 2}
+    validate_config(cfg, SCHEMA)
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -57,6 +65,9 @@ def test_every_overlay_over_the_default_config_is_valid(default, name):
         (lambda c: c["vocab"].update(draft_vocab_size=0), "config key 'vocab.draft_vocab_size': 0 is less than the minimum"),
         (lambda c: (c["serve"].update(engine="sglang", tp=2), c["bench"].update(auto=True)),
          "config key 'bench.auto': the auto gate needs serve.tp 1"),
+        (lambda c: c["data"]["regenerate"].update(replicas=4),
+         "config key 'data.regenerate.replicas': copies of greedy replies are identical"),
+        (lambda c: c["data"]["sources"][0].update(train="most"), "config key 'data.sources[0].train': 'most' is not valid"),
         (lambda c: c["bench"].update(request_rates=[8, 0.5], rate_window_s=10),
          "config key 'bench.request_rates[1]': 0.5/s for bench.rate_window_s 10 s expects 5.0 requests a block"),
     ],

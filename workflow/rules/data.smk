@@ -12,6 +12,7 @@ rule data:
     params:
         sources=config["data"]["sources"],
         filters=config["data"]["filters"],
+        replies_replaced=config["data"]["regenerate"]["enabled"],
         seed=config["seed"],
         code=fingerprint("pipeline.data"),
     script:

@@ -9,4 +9,5 @@ with stage_log(snakemake.log[0]):
         train_out=snakemake.output.train,
         eval_out=snakemake.output.eval,
         summary_out=snakemake.output.summary,
+        replies_replaced=snakemake.params.replies_replaced,
     )

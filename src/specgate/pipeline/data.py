@@ -216,8 +216,13 @@ def _read_source(src: dict, stats: dict) -> Iterator[tuple[str, list[dict]]]:
             bad[str(e)] += 1
 
 
-def prepare_data(sources: list[dict], filters: dict, seed: int, train_out, eval_out, summary_out) -> dict:
-    """Read every source, filter, de-duplicate, and write seeded disjoint train/eval JSONL."""
+def prepare_data(sources: list[dict], filters: dict, seed: int, train_out, eval_out, summary_out,
+                 replies_replaced: bool = False) -> dict:  # fmt: skip
+    """Read every source, filter, de-duplicate, and write seeded disjoint train/eval JSONL.
+
+    A source's `train` is a count or "all" (every conversation left after eval). `max_turns` None keeps
+    every turn. With `replies_replaced` (the target regenerates the replies), `max_chars` counts only the
+    system and user turns: the original replies' length says nothing about the data trained on."""
     seen_first_prompts: set[str] = set()
     eval_prompt_keys: set[str] = set()
     pools: dict[str, list[dict]] = {}
@@ -229,10 +234,11 @@ def prepare_data(sources: list[dict], filters: dict, seed: int, train_out, eval_
             if n_turns(messages) < filters["min_turns"]:
                 stats["filtered"]["too_few_turns"] += 1
                 continue
-            if n_turns(messages) > filters["max_turns"]:
+            if filters["max_turns"] is not None and n_turns(messages) > filters["max_turns"]:
                 messages = truncate_turns(messages, filters["max_turns"])
                 stats["filtered"]["turns_truncated_kept"] += 1
-            if sum(len(m["content"]) for m in messages) > filters["max_chars"]:
+            judged = [m for m in messages if not (replies_replaced and m["role"] == "assistant")]
+            if sum(len(m["content"]) for m in judged) > filters["max_chars"]:
                 stats["filtered"]["too_long"] += 1
                 continue
             key = prompt_key(user_prompts(messages)[0])
@@ -258,8 +264,9 @@ def prepare_data(sources: list[dict], filters: dict, seed: int, train_out, eval_
     for src in sources:
         pool, stats = pools[src["name"]], summary["sources"][src["name"]]
         chosen_train, overlap = [], 0
+        wanted = len(pool) if src["train"] == "all" else src["train"]
         for rec in pool[src["eval"] :]:
-            if len(chosen_train) == src["train"]:
+            if len(chosen_train) == wanted:
                 break
             if any(prompt_key(p) in eval_prompt_keys for p in user_prompts(rec["messages"])):
                 overlap += 1
@@ -271,7 +278,7 @@ def prepare_data(sources: list[dict], filters: dict, seed: int, train_out, eval_
         stats["malformed"] = dict(stats["malformed"])
         stats["filtered"] = dict(stats["filtered"])
         stats["repaired"] = dict(stats["repaired"])
-        if stats["train"] < src["train"] or stats["eval"] < src["eval"]:
+        if src["train"] != "all" and stats["train"] < src["train"] or stats["eval"] < src["eval"]:
             log.warning("%s: only %d train / %d eval available", src["name"], stats["train"], stats["eval"])
     summary["train"] = write_jsonl(train_out, train)
     summary["eval"] = write_jsonl(eval_out, evals)

@@ -114,6 +114,28 @@ def test_filters_turns_and_length(tmp_path):
     assert sorted(sum(m["role"] == "assistant" for m in r["messages"]) for r in kept) == [1, 2]
 
 
+def test_all_data_all_turns_and_replaced_replies_not_judged_by_length(tmp_path):
+    long_reply = {"id": "long_reply", "conversations": [{"from": "human", "value": "short question"},
+                                                        {"from": "gpt", "value": "y" * 500}]}  # fmt: skip
+    records = [_sharegpt(i, n_turns=1 + i % 6) for i in range(12)] + [long_reply]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(records))
+    src = [{"name": "sg", "kind": "sharegpt", "path": str(path), "train": "all", "eval": 2}]
+    filters = {"min_turns": 1, "max_turns": None, "max_chars": 300}
+
+    def run(replaced):
+        summary = prepare_data(src, filters, 0, tmp_path / "t", tmp_path / "e", tmp_path / "s", replies_replaced=replaced)
+        return summary, {r["id"]: r for r in read_jsonl(tmp_path / "t") + read_jsonl(tmp_path / "e")}
+
+    summary, kept = run(False)  # the original 500-character reply is judged: too long
+    assert summary["sources"]["sg"]["filtered"] == {"too_long": 1} and "sg:long_reply" not in kept
+    assert (summary["train"], summary["eval"]) == (10, 2)  # "all": every conversation not held out
+    assert sorted(sum(m["role"] == "assistant" for m in r["messages"]) for r in kept.values()) == sorted(
+        1 + i % 6 for i in range(12))  # no turn cut
+    summary, kept = run(True)  # the target writes the replies: only the question counts
+    assert summary["sources"]["sg"]["filtered"] == {} and "sg:long_reply" in kept and summary["train"] == 11
+
+
 def test_local_files_through_datasets(tmp_path):
     import pandas as pd
 

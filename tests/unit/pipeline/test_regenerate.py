@@ -161,3 +161,17 @@ def test_the_stage_keeps_its_log_when_the_engine_forces_a_basic_config():
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_sampled_replicas_give_each_conversation_several_different_replies(tmp_path, target):
+    chats = write_conversations(tmp_path / "chats.jsonl", 3)
+    out = tmp_path / "regen.jsonl"
+    settings = SETTINGS | {"temperature": 1.0, "replicas": 3, "chunk_size": 4}
+    summary = regenerate_stage(chats, target, out, tmp_path / "s.json", **settings)
+    assert summary["input"] == 9 and summary["replicas"] == 3
+    regenerated = read_jsonl(out)
+    assert summary["kept"] + summary["dropped_empty_reply"] == 9 and {r.get("replica", 0) for r in regenerated} == {0, 1, 2}
+    first_replies = {}
+    for rec in regenerated:
+        first_replies.setdefault(rec["messages"][0]["content"], set()).add(rec["messages"][1]["content"])
+    assert any(len(replies) > 1 for replies in first_replies.values())  # sampled copies differ
