@@ -278,7 +278,7 @@ def prepare_data(sources: list[dict], filters: dict, seed: int, train_out, eval_
         stats["malformed"] = dict(stats["malformed"])
         stats["filtered"] = dict(stats["filtered"])
         stats["repaired"] = dict(stats["repaired"])
-        if src["train"] != "all" and stats["train"] < src["train"] or stats["eval"] < src["eval"]:
+        if (src["train"] != "all" and stats["train"] < src["train"]) or stats["eval"] < src["eval"]:
             log.warning("%s: only %d train / %d eval available", src["name"], stats["train"], stats["eval"])
     summary["train"] = write_jsonl(train_out, train)
     summary["eval"] = write_jsonl(eval_out, evals)
