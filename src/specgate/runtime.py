@@ -33,6 +33,21 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def release_freed_memory() -> bool:
+    """Hand the free pages inside glibc's heap back to the OS (malloc_trim), keeping the heap itself.
+
+    With keep_freed_memory, a loop whose tensor sizes change every step (training batches of varying
+    length) grows the heap by fragments it never returns: a training process's resident memory rose
+    to 8 GB for 0.4 GB of data. Trimming every few steps bounds that at a few page faults per step.
+    No-op off glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def inheritable_stream(stream):
     """The stream if it has a file descriptor a child can inherit, else None (the parent's fds)."""
     try:

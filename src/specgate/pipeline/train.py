@@ -32,7 +32,8 @@ from tqdm import tqdm
 from specgate.files import TMP_MARK, ShardDir, atomic_path, sha256_file, stable_hash
 from specgate.model.drafter import Bf16Copy, Eagle3Drafter, drafter_config, ttt_attention
 from specgate.pipeline.capture import OnlineCapture, plan_batches
-from specgate.runtime import keep_freed_memory, limit_gpu_host_threads, native_bf16, pick_device, run_data_parallel, worker_main
+from specgate.runtime import (keep_freed_memory, limit_gpu_host_threads, native_bf16, pick_device, release_freed_memory,
+                              run_data_parallel, worker_main)  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 LENGTH_BUCKET = 32  # sequences this close in length may share a batch: each epoch batches them differently
+TRIM_EVERY = 16  # steps between handing freed heap pages back to the OS (runtime.release_freed_memory)
 
 
 def epoch_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
@@ -377,6 +379,8 @@ def train_drafter(
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}", tau=f"{row['tau_hat']:.2f}")
             if step % checkpoint_every == 0 or step == total_steps:
                 _checkpoint(accelerator, ckpt_dir, step, rows)
+            if step % TRIM_EVERY == 0:
+                release_freed_memory()
     bar.close()
 
     accelerator.wait_for_everyone()
