@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import os
@@ -15,6 +16,18 @@ from pathlib import Path
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
 
+@functools.cache
+def _glibc():
+    """glibc, loaded once (find_library runs ldconfig), or None off glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Stop glibc from returning large freed blocks to the OS.
 
@@ -23,14 +36,11 @@ def keep_freed_memory() -> bool:
     on a 2-core VM that made a TTT training step 2-3x slower. Raising the mmap and trim
     thresholds keeps the memory in the heap for reuse. No-op off glibc.
     """
-    if not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 36)
-        return bool(ok and libc.mallopt(_M_TOP_PAD, 1 << 28))
-    except (OSError, AttributeError):
-        return False
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 36)
+    return bool(ok and libc.mallopt(_M_TOP_PAD, 1 << 28))
 
 
 def release_freed_memory() -> bool:
@@ -38,14 +48,10 @@ def release_freed_memory() -> bool:
 
     With keep_freed_memory, a loop whose tensor sizes change every step (training batches of varying
     length) grows the heap by fragments it never returns: a training process's resident memory rose
-    to 8 GB for 0.4 GB of data. Trimming every few steps bounds that at a few page faults per step.
-    No-op off glibc."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    to 8 GB for 0.4 GB of data. Trimming every few steps slows that growth for a few page faults per
+    step. No-op off glibc."""
+    libc = _glibc()
+    return bool(libc is not None and libc.malloc_trim(0))
 
 
 def inheritable_stream(stream):
