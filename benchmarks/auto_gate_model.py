@@ -63,14 +63,6 @@ def chain_probability(tau: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-class Always:
-    def decide(self, running: int) -> bool:
-        return True
-
-    def observe(self, *args) -> None:
-        pass
-
-
 def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random, compiled: set | None = None) -> float:
     """One closed-loop level; output tokens per second. `compiled`: the batch sizes a speculative step has
     already run at on this server (each one's first pays --first-use-stall-ms)."""
@@ -114,7 +106,9 @@ def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random, com
             made += n
         seconds, tokens = seconds + step + catchup, tokens + made
         if gate:
-            gate.observe(b, spec, step + catchup, made)
+            gate.observe_time(b, spec, step + catchup)
+            if spec:
+                gate.observe_tokens(b, made)
         finished = sum(r == 0 for r in active)
         active = [r for r in active if r > 0]
         successors = min(finished, total - sent - len(waiting))  # the last requests of a level have none
@@ -134,7 +128,7 @@ def sweep(make, a, q, seed) -> dict[int, float]:
 def main(argv=None) -> int:
     a = parse_args(argv)
     q = chain_probability(a.tau, a.num_steps)
-    variants = {"nospec": lambda: None, "always": Always, "auto": lambda: AutoGate(AutoConfig())}
+    variants = {"nospec": lambda: None, "always": lambda: Gate(GateConfig(None)), "auto": lambda: AutoGate(AutoConfig())}
     variants |= {f"gate_{t}": (lambda t=t: Gate(GateConfig(t))) for t in a.thresholds}
     envelopes = {v: [] for v in variants}
     ratios = []

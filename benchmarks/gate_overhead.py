@@ -13,6 +13,11 @@ random input ids at each concurrency level, stops it, and writes one Markdown ta
 With the gate off a variant should decode as fast as nospec; the ratio columns show how close it
 gets. Dummy draft weights make drafting useless, so "always" is an upper bound on what drafting costs.
 
+With --rounds R >= 2 the two variants' servers share the GPU and are measured side by side: at each
+level they take turns, R blocks each, in the order A B B A A B ..., so a drift in the GPU's clocks or
+the host hits both alike. Each round's ratio pairs the two blocks of that round; the table gives the
+mean ratio with its range over rounds, and the spread of the baseline's own blocks (its noise).
+
 With --backend flashinfer the first server on a host compiles its attention kernels (a minute or
 two); each server gets 15 minutes to become ready.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -75,6 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--rounds", type=int, default=1, help="with 2 variants: measure them side by side, R blocks each per level")
     p.add_argument("--disable-at", type=int, default=2, help="gate threshold for the trueoff variants (off at batch >= it)")
     p.add_argument("--work-dir", help="model configs and server logs (default: a new temp dir)")
     p.add_argument("--out", default="gate_overhead.md", help="Markdown table written here")
@@ -84,6 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad := [v for v in a.variants if v not in VARIANTS]:
         p.error(f"unknown variant(s) {bad}; choose from {VARIANTS}")
     a.concurrency = sorted({int(c) for c in a.concurrency.split(",")})
+    if a.rounds < 1 or (a.rounds > 1 and len(a.variants) != 2):
+        p.error("--rounds must be >= 1, and above 1 it needs exactly two --variants (they share the GPU)")
     return a
 
 
@@ -118,15 +127,29 @@ def write_models(work: Path, target: dict) -> dict[str, Path]:
     return paths
 
 
-def server_command(variant: str, a: argparse.Namespace, paths: dict, port: int) -> tuple[list[str], dict[str, str]]:
-    """The launch command and the extra environment for one variant."""
+def kv_tokens_needed(a: argparse.Namespace) -> int:
+    """KV slots for the top level with every request at full length, plus headroom for the draft tokens."""
+    return max(a.concurrency) * (a.input_len + a.output_len + 8) + 4096
+
+
+def memory_flags(a: argparse.Namespace, slot: int) -> list[str]:
+    """One server owns the GPU: 0.8 of it. Side by side, each server's KV pool is capped at what the top
+    level needs; the first reserves 0.55 of the memory for the second, which reserves only its own
+    activations (SGLang's static fraction counts the memory the other server already holds as used)."""
+    if a.rounds == 1:
+        return ["--mem-fraction-static", "0.8"]
+    return ["--mem-fraction-static", ("0.45", "0.85")[slot], "--max-total-tokens", str(kv_tokens_needed(a))]
+
+
+def server_command(variant: str, a: argparse.Namespace, paths: dict, port: int, slot: int = 0) -> tuple[list[str], dict[str, str]]:
+    """The launch command and the extra environment for one variant (`slot`: its place when servers share the GPU)."""
     top = max(a.concurrency)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
            "--model-path", str(paths["target"]), "--load-format", "dummy", "--skip-tokenizer-init",
            "--attention-backend", a.backend, "--tp-size", str(a.tp),
            # the sampler and grammar backends that need no extra packages or JIT
            "--sampling-backend", "pytorch", "--grammar-backend", "none",
-           "--mem-fraction-static", "0.8", "--context-length", str(max(4096, a.input_len + a.output_len + 64)),
+           *memory_flags(a, slot), "--context-length", str(max(4096, a.input_len + a.output_len + 64)),
            # explicit, or SGLang lowers it under EAGLE and the top level would queue instead of run
            "--max-running-requests", str(top), "--cuda-graph-max-bs-decode", str(top), "--disable-prefill-cuda-graph"]  # fmt: skip
     if variant == "nospec":
@@ -207,35 +230,109 @@ def decode_median(log_text: str, conc: int) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-def run_variant(variant: str, a, paths: dict, vocab: int) -> dict:
-    import aiohttp
+MAX_TOKENS_LINE = re.compile(r"max_total_num_tokens=(\d+)")
 
+
+def start_server(variant: str, a, paths: dict, stack: contextlib.ExitStack, slot: int = 0) -> tuple[str, Path]:
+    """Start one variant's server (stopped when `stack` closes) and check what it came up with."""
     port = free_port()  # at most 55535: SGLang also binds port + 10000
-    cmd, extra = server_command(variant, a, paths, port)
+    cmd, extra = server_command(variant, a, paths, port, slot)
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", GATE_ENV)} | extra
     log_path = Path(a.work_dir) / f"server_{variant}.log"
     log_path.unlink(missing_ok=True)
     print(f"[{time.strftime('%H:%M:%S')}] {variant}: starting server, log {log_path}", flush=True)
-    rng, results = random.Random(1234), {}
     try:
-        with ManagedServer(cmd, port, log_path, ready_timeout=900, env=env) as server:
-            text = log_path.read_text(errors="replace")
-            if variant in GATED and (bad := re.search(r".*specgate.*(refused|not installed).*", text)):
-                raise Fail(f"{variant}: the gate plugin did not install ({bad[0].strip()[:200]}); see {log_path}")
-            warm_up(server.url, a, vocab, rng)
-            for conc in a.concurrency:
-                offset = log_path.stat().st_size
-                tok_s = asyncio.run(closed_loop(server.url, conc, a.seconds, a, vocab, rng, osl=a.output_len))
-                time.sleep(0.5)  # let the last decode log line land
-                with open(log_path, errors="replace") as f:
-                    f.seek(offset)
-                    results[conc] = {"tok_s": tok_s, "decode_tok_s": decode_median(f.read(), conc)}
-                print(f"  c={conc}: {tok_s:,.1f} tok/s, server decode {results[conc]['decode_tok_s']}", flush=True)
+        server = stack.enter_context(ManagedServer(cmd, port, log_path, ready_timeout=900, env=env))
     except ServerFailed as e:
         raise Fail(f"{variant}: {str(e).splitlines()[0]}; see {log_path}") from e
+    text = log_path.read_text(errors="replace")
+    if variant in GATED and (bad := re.search(r".*specgate.*(refused|not installed).*", text)):
+        raise Fail(f"{variant}: the gate plugin did not install ({bad[0].strip()[:200]}); see {log_path}")
+    # side by side, a pool too small for the top level would queue requests there and measure the queue
+    if a.rounds > 1 and (m := MAX_TOKENS_LINE.search(text)) and int(m[1]) < kv_tokens_needed(a) - 4096:
+        raise Fail(f"{variant}: its KV pool holds {m[1]} tokens, fewer than the top level needs; see {log_path}")
+    return server.url, log_path
+
+
+def measure_level(url: str, log_path: Path, conc: int, a, vocab: int, rng: random.Random) -> dict:
+    """One closed-loop block: client tok/s and the median of the server's own decode lines during it."""
+    offset = log_path.stat().st_size
+    tok_s = asyncio.run(closed_loop(url, conc, a.seconds, a, vocab, rng, osl=a.output_len))
+    time.sleep(0.5)  # let the last decode log line land
+    with open(log_path, errors="replace") as f:
+        f.seek(offset)
+        return {"tok_s": tok_s, "decode_tok_s": decode_median(f.read(), conc)}
+
+
+def run_variant(variant: str, a, paths: dict, vocab: int) -> dict:
+    """One server alone on the GPU, each level once: results[conc] = {"tok_s", "decode_tok_s"}."""
+    import aiohttp
+
+    rng, results = random.Random(1234), {}
+    try:
+        with contextlib.ExitStack() as stack:
+            url, log_path = start_server(variant, a, paths, stack)
+            warm_up(url, a, vocab, rng)
+            for conc in a.concurrency:
+                results[conc] = measure_level(url, log_path, conc, a, vocab, rng)
+                print(f"  c={conc}: {results[conc]['tok_s']:,.1f} tok/s, server decode {results[conc]['decode_tok_s']}", flush=True)
     except (aiohttp.ClientError, OSError, KeyError, ValueError) as e:
-        raise Fail(f"{variant}: benchmark failed ({type(e).__name__}: {e}); see {log_path}") from e
+        raise Fail(f"{variant}: benchmark failed ({type(e).__name__}: {e}); see {a.work_dir}") from e
     return results
+
+
+def run_side_by_side(a, paths: dict, vocab: int, results: dict) -> None:
+    """Both variants' servers up at once; at each level they take turns A B B A ...: fills
+    results[variant][conc] with one {"tok_s", "decode_tok_s"} per round, so a failure keeps what ran."""
+    import aiohttp
+
+    results.update({v: {c: [] for c in a.concurrency} for v in a.variants})
+    try:
+        with contextlib.ExitStack() as stack:
+            servers = {v: start_server(v, a, paths, stack, slot) for slot, v in enumerate(a.variants)}
+            rngs = {v: random.Random(1234) for v in a.variants}
+            for v, (url, _) in servers.items():
+                warm_up(url, a, vocab, rngs[v])
+            for conc in a.concurrency:
+                for r in range(a.rounds):
+                    for v in a.variants if r % 2 == 0 else a.variants[::-1]:
+                        url, log_path = servers[v]
+                        block = measure_level(url, log_path, conc, a, vocab, rngs[v])
+                        results[v][conc].append(block)
+                        print(f"  c={conc} round {r + 1} {v}: {block['tok_s']:,.1f} tok/s, server decode "
+                              f"{block['decode_tok_s']}", flush=True)  # fmt: skip
+    except (aiohttp.ClientError, OSError, KeyError, ValueError) as e:
+        raise Fail(f"side by side: benchmark failed ({type(e).__name__}: {e}); see {a.work_dir}") from e
+
+
+def format_rounds_table(results: dict, variants: list[str], concurrency: list[int]) -> str:
+    """Per level: each variant's mean over rounds, the paired ratio's mean [range] over rounds, and the
+    baseline's own spread over its blocks, (max - min) / mean."""
+    base, other = variants
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    head = ["c", f"{base} tok/s", f"{base} decode tok/s", f"{other} tok/s", f"{other} decode tok/s",
+            "ratio, client", "ratio, decode lines", f"{base} spread, client / decode"]  # fmt: skip
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in concurrency:
+        cells = [str(c)]
+        for v in variants:
+            for key in ("tok_s", "decode_tok_s"):
+                xs = [b[key] for b in results[v][c] if b[key] is not None]
+                cells.append(f"{mean(xs):,.1f}" if xs else "-")
+        for key in ("tok_s", "decode_tok_s"):
+            pairs = [(o[key], b[key]) for o, b in zip(results[other][c], results[base][c]) if o[key] and b[key]]
+            ratios = [o / b for o, b in pairs]
+            cells.append(f"{mean(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}]" if ratios else "-")
+        spread = []
+        for key in ("tok_s", "decode_tok_s"):
+            xs = [b[key] for b in results[base][c] if b[key] is not None]
+            spread.append(f"{(max(xs) - min(xs)) / mean(xs):.3f}" if len(xs) > 1 else "-")
+        cells.append(" / ".join(spread))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def header(a, versions: str) -> str:
@@ -245,7 +342,9 @@ def header(a, versions: str) -> str:
     return (f"`{shlex.join(['python', 'benchmarks/gate_overhead.py', *sys.argv[1:]])}`\n\n"
             f"{a.tp} x {gpu}; {versions}; shape {a.shape}, dummy weights, {a.backend} attention; "
             f"{a.input_len} random input ids, {a.output_len} output tokens, closed loop for {a.seconds:g} s per level; "
-            f"one run per configuration. tok/s is measured by the client (prefill included); decode tok/s is the median "
+            + ("one run per configuration. " if a.rounds == 1 else
+               f"both servers on the GPU at once, {a.rounds} blocks each per level, taking turns. ")
+            + f"tok/s is measured by the client (prefill included); decode tok/s is the median "
             f"of SGLang's own decode log lines at that batch size; (x.xx) is the ratio to nospec.\n")  # fmt: skip
 
 
@@ -257,8 +356,8 @@ def main(argv=None) -> int:
         paths = write_models(Path(a.work_dir), target)
         if a.dry_run:
             print(f"# model configs in {a.work_dir}")
-            for v in a.variants:
-                cmd, env = server_command(v, a, paths, port=30000)
+            for slot, v in enumerate(a.variants):
+                cmd, env = server_command(v, a, paths, port=30000, slot=slot)
                 print(f"# {v}\n" + " ".join(f"{k}={shlex.quote(val)}" for k, val in env.items()) + (" " if env else "")
                       + shlex.join(cmd))  # fmt: skip
             return 0
@@ -276,11 +375,16 @@ def main(argv=None) -> int:
         versions = f"SGLang {sglang.__version__}, torch {torch.__version__}"
         results = {}
         try:
-            for v in a.variants:
-                results[v] = run_variant(v, a, paths, target["vocab_size"])
+            if a.rounds > 1:
+                run_side_by_side(a, paths, target["vocab_size"], results)
+            else:
+                for v in a.variants:
+                    results[v] = run_variant(v, a, paths, target["vocab_size"])
         finally:  # what finished is kept even when a later variant fails
             if results:
-                table = header(a, versions) + "\n" + format_table(results, a.variants, a.concurrency) + "\n"
+                table = (format_rounds_table(results, a.variants, a.concurrency) if a.rounds > 1
+                         else format_table(results, a.variants, a.concurrency))  # fmt: skip
+                table = header(a, versions) + "\n" + table + "\n"
                 Path(a.out).write_text(table)
                 print("\n" + table + f"\nwritten to {a.out}; logs in {a.work_dir}")
     except Fail as e:

@@ -12,7 +12,8 @@ Hysteresis (enable_at < disable_at - 1) and the dwell keep the gate from flappin
 the load hovers at the threshold.
 
 `AutoGate` below has no threshold: it measures step costs and acceptance and speculates where that
-pays (docs/design/auto-gate.md). Both answer `decide(running)` and take `observe(...)` per step.
+pays (docs/design/auto-gate.md). Both answer `decide(running)`, and take each step's time (`observe_time`) and a speculative step's
+tokens (`observe_tokens`).
 """
 
 from __future__ import annotations
@@ -73,18 +74,11 @@ class Gate:
             self.steps_off += 1
         return self.on
 
-    def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
-        """A fixed threshold needs no measurements (the auto gate's interface)."""
-
-    def observe_time(self, running: int, speculated: bool, seconds: float, probe: bool | None = None) -> None:
-        """As observe."""
-
-    @property
-    def probing(self) -> bool:
-        return False
+    def observe_time(self, running: int, speculated: bool, seconds: float | None) -> None:
+        """A fixed threshold needs no measurements (the auto gate's interface: a step's time)."""
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
-        """As observe."""
+        """As observe_time: the tokens a speculative step gave."""
 
     def _switch(self, on: bool) -> None:
         self.on = on
@@ -106,9 +100,6 @@ class Gate:
 # is the threshold of a fixed `Gate`. Probes, steps on the side the gate is not on, keep the unused line
 # and tau current, each spending what the model says it loses from a budget.
 
-_MS = 1e3  # lines in ms
-
-
 def bucket(running: int) -> int:
     return max(running, 1).bit_length() - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
 
@@ -127,12 +118,11 @@ class AutoConfig:
     seed: dict | None = None  # {"plain": [a, c], "spec": [a, c], "tau": t} in seconds, from a sweep's cost model
 
     def __post_init__(self):
-        ok = {"probe_every": self.probe_every > self.probe_len, "probe_len": self.probe_len >= 1,
-              "probe_budget": 0 <= self.probe_budget < 1, "memory": self.memory >= 1, "huber": self.huber > 0,
-              "tau_memory": self.tau_memory >= 1, "hysteresis": 0 <= self.hysteresis < 1,
-              "margin": 0 <= self.margin < 1, "min_dwell_steps": self.min_dwell_steps >= 0}  # fmt: skip
-        for key in (k for k, good in ok.items() if not good):
-            raise ValueError(f"auto gate {key}: {getattr(self, key)} is out of range (docs/design/auto-gate.md)")
+        ok = {"probe_every": self.probe_every > self.probe_len, "probe_len": self.probe_len >= 1, "memory": self.memory >= 1,
+              "probe_budget": 0 <= self.probe_budget < 1, "huber": self.huber > 0, "tau_memory": self.tau_memory >= 1,
+              "hysteresis": 0 <= self.hysteresis < 1, "margin": 0 <= self.margin < 1}  # min_dwell_steps: GateConfig's
+        if bad := [k for k, good in ok.items() if not good]:
+            raise ValueError(f"auto gate {bad[0]}: {getattr(self, bad[0])} is out of range (docs/design/auto-gate.md)")
 
 
 @dataclass
@@ -141,17 +131,15 @@ class Line:
     its own samples: a load that stays at one batch size refreshes that bucket and keeps what the others
     measured, where one forgetting line would forget its slope."""
 
-    buckets: dict = field(default_factory=dict)  # bucket -> [weight, weighted sum of batch, of ms]
-    theta: list = field(default_factory=lambda: [0.0, 0.0])  # a in ms, c in ms per request
-    n: int = 0
+    buckets: dict = field(default_factory=dict)  # bucket -> [weight, weighted sum of batch, of seconds]
+    theta: list = field(default_factory=lambda: [0.0, 0.0])  # a in seconds, c in seconds per request
 
     def __call__(self, b: float) -> float:
-        return (self.theta[0] + self.theta[1] * b) / _MS
+        return self.theta[0] + self.theta[1] * b
 
-    def add(self, b: float, seconds: float, memory: int, huber: float) -> None:
-        t = seconds * _MS
-        if self.n and self(b) > 0:  # one-sided Huber: a stall only ever lengthens a step
-            t = min(t, (1 + huber) * self(b) * _MS)
+    def add(self, b: float, t: float, memory: int, huber: float) -> None:
+        if self.buckets and self(b) > 0:  # one-sided Huber: a stall only ever lengthens a step
+            t = min(t, (1 + huber) * self(b))
         w, sb, st = self.buckets.get(bucket(b), (0.0, 0.0, 0.0))
         keep = min(1.0, (memory - 1) / max(w, 1e-9))  # a plain mean of the first `memory` samples, then an EMA
         self.buckets[bucket(b)] = [keep * w + 1, keep * sb + b, keep * st + t]
@@ -161,7 +149,7 @@ class Line:
         var = sum(w * (b - mb) ** 2 for b, _, w in points)
         c = sum(w * (b - mb) * (t - mt) for b, t, w in points) / var if var > 1e-9 else 0.0
         c = min(max(c, 0.0), mt / mb)  # a step never gets cheaper with more requests, nor has a negative fixed part
-        self.theta, self.n = [mt - c * mb, c], self.n + 1
+        self.theta = [mt - c * mb, c]
 
 
 @dataclass
@@ -173,8 +161,6 @@ class AutoGate:
     steps_on: int = 0
     steps_off: int = 0
     probes: int = 0
-    probing: bool = False  # whether the step just decided is a probe
-    _largest: int = field(default=128, repr=False)  # the largest batch seen, and at least 128
     _since_probe: int = field(default=0, repr=False)
     _probe_left: int = field(default=0, repr=False)
     _bank: float = field(default=0.0, repr=False)  # seconds of throughput the next probe may lose
@@ -186,7 +172,7 @@ class AutoGate:
         self.gate = Gate(GateConfig(None, None, cfg.min_dwell_steps))
         if cfg.seed:  # each line as `memory` steps at batch 1 and at 64, tau as tau_memory samples
             for side in ("plain", "spec"):
-                a, c = cfg.seed[side][0] * _MS, cfg.seed[side][1] * _MS
+                a, c = cfg.seed[side]
                 self.lines[side] = Line({bucket(b): [cfg.memory, cfg.memory * b, cfg.memory * (a + c * b)]
                                          for b in (1, 64)}, [a, c])  # fmt: skip
             self.tau, self.tau_samples = float(cfg.seed["tau"]), cfg.tau_memory
@@ -194,67 +180,58 @@ class AutoGate:
 
     on = property(lambda self: self.gate.on)
     switches = property(lambda self: self.gate.switches)
+    threshold = property(lambda self: self.gate.config.disable_at)  # the fixed gate's, set from b*
 
     def gain(self, b: int) -> float | None:
         """Speculative tokens/s over plain tokens/s at batch b; None before the model has both sides."""
         tau, plain, spec = self.tau, self.lines["plain"], self.lines["spec"]
-        if tau is None or not (plain.n and spec.n or self.config.seed):
+        if tau is None or not (plain.buckets and spec.buckets):  # a seed fills both
             return None
         # a speculative step does at least a plain step's work per request: a spec slope fitted below the plain
         # one (noise, or buckets the spec side has not seen lately) would make speculation pay more with load
         a, c = spec.theta
-        return tau * plain(b) / max((a + max(c, plain.theta[1]) * b) / _MS, 1e-12)
+        return tau * plain(b) / max(a + max(c, plain.theta[1]) * b, 1e-12)
 
     def crossover(self) -> int | None:
-        """The first batch at which speculation stops paying, up to twice the largest batch seen; None if it pays
-        up to there (or the model is not ready). gain(b) < 1 is linear in b: tau * c_plain - c_spec times b below
-        a_spec - tau * a_plain."""
+        """The first batch at which speculation stops paying; None if it pays at every batch (or the model is not
+        ready). A crossover beyond any batch the server runs leaves the gate on, as None does. gain(b) < 1 is
+        linear in b: tau * c_plain - c_spec times b below a_spec - tau * a_plain."""
         if self.gain(1) is None:
             return None
         (a_p, c_p), (a_s, c_s) = self.lines["plain"].theta, self.lines["spec"].theta
         slope, below = self.tau * c_p - max(c_s, c_p), a_s - self.tau * a_p
         if slope >= 0:  # the gain rises with the batch (or is flat): it pays everywhere or nowhere from batch 1
             return 1 if slope < below else None
-        first = max(1, math.floor(below / slope) + 1)
-        return first if first <= 2 * self._largest else None
+        return max(1, math.floor(below / slope) + 1)
 
     def _set_threshold(self) -> None:
-        c, t, m = self.gate.config, self.crossover(), self.config.margin
-        d = c.disable_at
+        c, t, m, d = self.gate.config, self.crossover(), self.config.margin, self.gate.config.disable_at
         # the model's noise must not move the threshold back and forth: it stays while the new b* is within the
         # band the gate already tolerates, or while the model's gain on either side of it is within margin of 1
         if t is not None and d is not None and (abs(t - d) < d - c.enable_at or
                                                 self.gain(d) < 1 + m and self.gain(max(d - 1, 1)) > 1 - m):
             return
-        resume = None if t is None else max(min(math.floor(t * (1 - self.config.hysteresis)), t - 2), 0)
-        c.disable_at, c.enable_at = t, resume
+        c.disable_at, c.enable_at = t, None if t is None else max(min(math.floor(t * (1 - self.config.hysteresis)), t - 2), 0)
 
     def decide(self, running: int) -> bool:
-        cfg = self.config
-        self._since_probe, self._largest = self._since_probe + 1, max(self._largest, running)
-        if self._since_probe == cfg.probe_len + 1:  # a probe has just ended: the model has news
+        self._since_probe += 1
+        if self._since_probe == self.config.probe_len + 1:  # a probe has just ended: the model has news
             self._set_threshold()
         side = self.gate.decide(running)
         # each step banks probe_budget of its time; a probe waits until the bank covers what the model says it
         # loses (its tokens, made the other way), so probes far from the crossover are rarer
         plain, spec, tau = self.lines["plain"](running), self.lines["spec"](running), self.tau
-        self._bank += cfg.probe_budget * (spec if side else plain)
-        loss = cfg.probe_len * max(plain - spec / tau if side else spec - tau * plain, 0.0) if tau else 0.0
-        if bucket(running) not in self.lines["plain" if side else "spec"].buckets:
-            loss = 0.0  # the other side was never timed (nor seeded) at batches like these: the line only guesses
-        if not self._probe_left and self._since_probe >= cfg.probe_every and loss <= self._bank:
-            self._bank, self._probe_left, self._since_probe, self.probes = 0.0, cfg.probe_len, 0, self.probes + 1
-        self.probing, self._probe_left = self._probe_left > 0, max(self._probe_left - 1, 0)
-        side ^= self.probing
+        self._bank += self.config.probe_budget * (spec if side else plain)
+        # (free where the other side was never timed nor seeded at batches like these: its line only guesses)
+        timed = tau and bucket(running) in self.lines["plain" if side else "spec"].buckets
+        loss = self.config.probe_len * max(plain - spec / tau if side else spec - tau * plain, 0.0) if timed else 0.0
+        if not self._probe_left and self._since_probe >= self.config.probe_every and loss <= self._bank:
+            self._bank, self._probe_left, self._since_probe, self.probes = 0.0, self.config.probe_len, 0, self.probes + 1
+        side, self._probe_left = side ^ (self._probe_left > 0), max(self._probe_left - 1, 0)  # a probe runs the other side
         self.steps_on, self.steps_off = self.steps_on + side, self.steps_off + (not side)
         return side
 
-    def observe(self, running: int, speculated: bool, seconds: float, tokens: int) -> None:
-        self.observe_time(running, speculated, seconds)
-        if speculated:
-            self.observe_tokens(running, tokens)
-
-    def observe_time(self, running: int, speculated: bool, seconds: float | None, probe: bool | None = None) -> None:
+    def observe_time(self, running: int, speculated: bool, seconds: float | None) -> None:
         """A step's time; None for one the engine did not time as typical. Two steps are not fitted: the first
         after a change of side, which carries the draft's catch-up (or the flush), and the first on a side at
         each batch size, which may pay a one-time compile (a draining wave meets a new size every step)."""
@@ -262,32 +239,25 @@ class AutoGate:
         first_use = running not in self._sizes[speculated]
         self._sizes[speculated].add(running)
         if not changed and not first_use and running >= 1 and seconds is not None and seconds > 0:
-            line = self.lines["spec" if speculated else "plain"]
-            line.add(running, seconds, self.config.memory, self.config.huber)
+            self.lines["spec" if speculated else "plain"].add(running, seconds, self.config.memory, self.config.huber)
 
     def observe_tokens(self, requests: int, tokens: int) -> None:
         """The tokens a speculative step gave `requests` requests, each one sample of tau: the plain mean of the
         first tau_memory samples, then an EMA (a first step that accepted nothing must not hold tau down)."""
         if requests >= 1:
-            self.tau_samples = min(self.tau_samples + requests, self.config.tau_memory)
-            tau = self.tau or 0.0
+            self.tau_samples, tau = min(self.tau_samples + requests, self.config.tau_memory), self.tau or 0.0
             self.tau = tau + min(requests / self.tau_samples, 1.0) * (tokens / requests - tau)
-
-    def threshold(self) -> int | None:
-        return self.gate.config.disable_at
 
     def counters(self) -> dict:
         return {"gate_on": self.on, "steps_on": self.steps_on, "steps_off": self.steps_off, "switches": self.switches,
-                "mode": "auto", "auto_threshold": self.threshold(), "probes": self.probes,
-                "lines": {k: [round(v.theta[0] / _MS, 6), round(v.theta[1] / _MS, 8)] for k, v in self.lines.items()},
-                "tau": None if self.tau is None else round(self.tau, 3)}  # fmt: skip
+                "mode": "auto", "auto_threshold": self.threshold, "probes": self.probes, "tau": self.tau and round(self.tau, 3),
+                "lines": {k: [round(v.theta[0], 6), round(v.theta[1], 8)] for k, v in self.lines.items()}}  # fmt: skip
 
 
 def make_gate(settings: dict) -> Gate | AutoGate:
     """The gate the settings ask for: {"auto": {AutoConfig fields}} or a fixed threshold (disable_at, ...)."""
-    if settings.get("auto") is not None:
-        unknown = set(settings["auto"]) - {f.name for f in fields(AutoConfig)}
-        if unknown:
-            raise ValueError(f"auto gate: unknown settings {sorted(unknown)} (docs/design/auto-gate.md)")
-        return AutoGate(AutoConfig(**settings["auto"]))
-    return Gate(GateConfig.from_settings(settings))
+    if settings.get("auto") is None:
+        return Gate(GateConfig.from_settings(settings))
+    if unknown := set(settings["auto"]) - {f.name for f in fields(AutoConfig)}:
+        raise ValueError(f"auto gate: unknown settings {sorted(unknown)} (docs/design/auto-gate.md)")
+    return AutoGate(AutoConfig(**settings["auto"]))

@@ -101,3 +101,28 @@ def test_without_sglang_exits_nonzero_with_one_line(tmp_path):
     assert r.returncode != 0
     assert len(r.stderr.strip().splitlines()) == 1 and "sglang" in r.stderr.lower(), r.stderr
     assert not (tmp_path / "t.md").exists()
+
+
+def test_side_by_side_dry_run_splits_the_gpu(tmp_path):
+    r = run("--variants", "nospec,trueoff", "--rounds", "2", "--dry-run", "--work-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if not line.startswith("#")]
+    # the first server leaves room for the second; both cap their KV pool at the top level's need
+    assert "--mem-fraction-static 0.45" in lines[0] and "--mem-fraction-static 0.85" in lines[1]
+    assert all(f"--max-total-tokens {128 * (512 + 256 + 8) + 4096}" in line for line in lines)
+    alone = run("--variants", "nospec", "--dry-run", "--work-dir", str(tmp_path / "alone"))
+    assert "--mem-fraction-static 0.8" in alone.stdout and "--max-total-tokens" not in alone.stdout
+    three = run("--variants", "nospec,trueoff,steps0", "--rounds", "2", "--dry-run")
+    assert three.returncode == 2 and "exactly two --variants" in three.stderr
+
+
+def test_rounds_table_pairs_blocks_of_a_round(bench):
+    def block(tok_s, decode):
+        return {"tok_s": tok_s, "decode_tok_s": decode}
+
+    results = {"nospec": {16: [block(1000.0, 2000.0), block(1100.0, None)]},
+               "trueoff": {16: [block(950.0, 1900.0), block(1100.0, 2100.0)]}}  # fmt: skip
+    lines = bench.format_rounds_table(results, ["nospec", "trueoff"], [16]).splitlines()
+    assert lines[0].startswith("| c | nospec tok/s | nospec decode tok/s | trueoff tok/s |")
+    # client ratios 0.95 and 1.00; the decode ratio has one pair only, since nospec's second block has no line
+    assert lines[2] == "| 16 | 1,050.0 | 2,000.0 | 1,025.0 | 2,000.0 | 0.975 [0.950–1.000] | 0.950 [0.950–0.950] | 0.095 / - |"

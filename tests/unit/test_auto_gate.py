@@ -45,7 +45,9 @@ class Engine:
             t *= self.rng.uniform(5, 40)  # a compile, a host hiccup: a stall only ever lengthens a step
         q = (self.tau - 1) / 3
         tokens = sum(1 + sum(self.rng.random() < q for _ in range(3)) for _ in range(b)) if spec else b
-        gate.observe(b, spec, t, tokens)
+        gate.observe_time(b, spec, t)
+        if spec:
+            gate.observe_tokens(b, tokens)
         return spec, t
 
 
@@ -70,7 +72,7 @@ def test_the_threshold_converges_to_the_crossover(seed):
     engine, gate = Engine(rng), AutoGate()
     for b in wander(rng, 6000):
         engine.step(gate, b)
-    assert acceptable(engine, gate.threshold()), (engine.crossover(), gate.counters())
+    assert acceptable(engine, gate.threshold), (engine.crossover(), gate.counters())
 
 
 @pytest.mark.parametrize("seed", DEPLOYMENTS)
@@ -101,16 +103,16 @@ def test_no_thrash_at_the_crossover(seed):
     engine, gate = Engine(rng), AutoGate()
     for b in wander(rng, 6000):
         engine.step(gate, b)
-    t = gate.threshold()
+    t = gate.threshold
     hover = [max(t - 1, 1), t, t + 1]
     bare, before, changes = Gate(GateConfig(t)), gate.switches, 0
     fixed = Gate(GateConfig(t, gate.gate.config.enable_at))
     for _ in range(10_000):
-        b, t = rng.choice(hover), gate.threshold()
+        b, t = rng.choice(hover), gate.threshold
         engine.step(gate, b)
         bare.decide(b)
         fixed.decide(b)
-        changes += gate.threshold() != t
+        changes += gate.threshold != t
     assert bare.switches > 2000, "the hover must make a gate without hysteresis thrash, or it tests nothing"
     assert changes <= 5, (changes, gate.counters())
     assert gate.switches - before <= fixed.switches + 2 * changes + 2, (gate.switches - before, fixed.switches)
@@ -133,7 +135,7 @@ def test_it_follows_a_shift_of_acceptance(seed):
         pytest.fail("no shift of 0.4-0.8 keeps this deployment's crossover in 2-100: the fixture needs another seed")
     for b in wander(rng, 4000):
         engine.step(gate, b)
-    assert acceptable(engine, gate.threshold()), (old, engine.tau, engine.crossover(), gate.counters())
+    assert acceptable(engine, gate.threshold), (old, engine.tau, engine.crossover(), gate.counters())
 
 
 def test_a_seed_gives_the_threshold_at_once():
@@ -143,7 +145,7 @@ def test_a_seed_gives_the_threshold_at_once():
     model = CostModel(CostLine(0.010, 0.0010), CostLine(0.012, 0.0030), tau=2.5)  # crossover 26
     gate = make_gate({"auto": {"seed": auto_seed(model)}})
     assert isinstance(gate, AutoGate) and model.crossover() == pytest.approx(26)
-    assert gate.threshold() == 27 and gate.decide(1) and not gate.decide(48)
+    assert gate.threshold == 27 and gate.decide(1) and not gate.decide(48)
     assert isinstance(make_gate({"disable_at": 4}), Gate)
 
 
@@ -180,7 +182,8 @@ def test_the_first_step_after_a_change_of_side_is_not_fitted():
     gate.observe_time(4, True, None)  # the switch's step, with its catch-up
     gate.observe_time(4, True, 0.030)
     gate.observe_time(4, False, 0.500)  # back: not fitted
-    assert gate.lines["plain"].n == 1 and gate.lines["spec"].n == 1
+    weights = {side: sum(w for w, _, _ in line.buckets.values()) for side, line in gate.lines.items()}
+    assert weights == {"plain": 1, "spec": 1}  # one fitted step on each side
     assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 64)] == [0, 1, 1, 2, 2, 3, 6]
 
 

@@ -206,7 +206,9 @@ class Engine:
                     c = self.step_counters[side]
                     c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + len(reqs), c[2] + made, c[3] + seconds
                     if self.speculative:  # the engine's own timer: what the auto gate decides from
-                        self.gate.observe(len(reqs), speculate, seconds, made)
+                        self.gate.observe_time(len(reqs), speculate, seconds)
+                        if speculate:
+                            self.gate.observe_tokens(len(reqs), made)
                     for job in self._running:
                         self._deliver(job)
                     self._retire()

@@ -25,7 +25,7 @@ MAX_PENDING = 256  # steps in flight are a handful; a stream that never complete
 class StepTimer:
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
-        self.pending = deque()  # (running, speculated, probe, start, end) in launch order
+        self.pending = deque()  # (running, speculated, start, end) in launch order
         self.spare = []  # events of read steps, reused
         self.open = None
         self.dropped = 0
@@ -37,35 +37,35 @@ class StepTimer:
         event.record()
         return event
 
-    def begin(self, running: int, speculated: bool, probe: bool) -> None:
+    def begin(self, running: int, speculated: bool) -> None:
         """Before the step's first launch: the step about to run."""
         if self.cuda and torch.cuda.is_current_stream_capturing():
             self.open = None  # a graph capture records no timing events
             return
-        self.open = (running, speculated, probe, self._mark())
+        self.open = (running, speculated, self._mark())
 
     def untypical(self) -> None:
         """The open step also did other work (a catch-up of the draft): it is reported without a time."""
-        if self.open is not None and self.open[3] is not None:
+        if self.open is not None and self.open[2] is not None:
             if self.cuda:
-                self.spare.append(self.open[3])  # recorded, never read: free to record again
-            self.open = (*self.open[:3], None)
+                self.spare.append(self.open[2])  # recorded, never read: free to record again
+            self.open = (*self.open[:2], None)
 
     def end(self) -> None:
         """After the step's last launch."""
         if self.open is None:
             return
-        self.pending.append((*self.open, None if self.open[3] is None else self._mark()))
+        self.pending.append((*self.open, None if self.open[2] is None else self._mark()))
         self.open = None
         if len(self.pending) > MAX_PENDING:
             self.pending.popleft()
             self.dropped += 1
 
     def finished(self):
-        """(running, speculated, probe, seconds) of every step that has completed, oldest first (seconds
+        """(running, speculated, seconds) of every step that has completed, oldest first (seconds
         None for an untypical step)."""
         while self.pending:
-            running, speculated, probe, start, end = self.pending[0]
+            running, speculated, start, end = self.pending[0]
             if start is None:  # untypical: its place in the order only
                 seconds = None
             elif self.cuda:
@@ -76,4 +76,4 @@ class StepTimer:
             else:
                 seconds = end - start
             self.pending.popleft()
-            yield running, speculated, probe, seconds
+            yield running, speculated, seconds

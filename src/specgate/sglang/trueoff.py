@@ -200,13 +200,13 @@ class TrueOffGate:
             return original(worker, batch, on_publish, **extra)
         # the auto gate's step times: steps timed on the device, fed in once they have completed (the
         # tokens of a speculative step arrive in count_accepted)
-        for running, speculated, probe, seconds in self.timer.finished():
+        for running, speculated, seconds in self.timer.finished():
             self.note_time(running, speculated, seconds)
             if seconds is not None:
                 c = self.step_counters["spec" if speculated else "plain"]
                 c[0], c[1], c[3] = c[0] + 1, c[1] + running, c[3] + seconds
                 c[2] += 0 if speculated else running
-            self.gate.observe_time(running, speculated, seconds, probe=probe)
+            self.gate.observe_time(running, speculated, seconds)
         if self.control is not None:
             self.gate = self.control.poll()
         before = self.gate.switches
@@ -216,7 +216,7 @@ class TrueOffGate:
             log.info("specgate gate %s at batch %d: %s", "on" if on else "off", len(batch.reqs), json.dumps(self.counters()))
             self.write_stats()
         speculate = on or not plain_ok
-        self.timer.begin(len(batch.reqs), speculate, self.gate.probing)
+        self.timer.begin(len(batch.reqs), speculate)
         out = self.decode_step(original, batch, on_publish, speculate, **extra)
         self.timer.end()
         return out

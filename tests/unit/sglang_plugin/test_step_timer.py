@@ -7,17 +7,17 @@ from specgate.sglang import step_timer
 from specgate.sglang.step_timer import StepTimer
 
 
-def test_steps_come_out_oldest_first_with_their_own_time_and_probe_flag(monkeypatch):
+def test_steps_come_out_oldest_first_with_their_own_time(monkeypatch):
     now = [0.0]
     monkeypatch.setattr(step_timer.time, "perf_counter", lambda: now[0])
     timer = StepTimer("cpu")
-    for running, speculated, probe, seconds in [(4, True, False, 0.03), (5, False, True, 0.01), (6, False, False, 0.02)]:
+    for running, speculated, seconds in [(4, True, 0.03), (5, False, 0.01), (6, False, 0.02)]:
         now[0] += 5.0  # whatever runs between steps is not a step
-        timer.begin(running, speculated, probe)
+        timer.begin(running, speculated)
         now[0] += seconds
         timer.end()
     out = list(timer.finished())
-    assert [(r, s, p) for r, s, p, _ in out] == [(4, True, False), (5, False, True), (6, False, False)]
+    assert [(r, s) for r, s, _ in out] == [(4, True), (5, False), (6, False)]
     assert [t for *_, t in out] == pytest.approx([0.03, 0.01, 0.02])
     assert list(timer.finished()) == []  # each step once
 
@@ -27,7 +27,7 @@ def test_an_untypical_step_keeps_its_place_without_a_time(monkeypatch):
     monkeypatch.setattr(step_timer.time, "perf_counter", lambda: now[0])
     timer = StepTimer("cpu")
     for untypical in (False, True, False):
-        timer.begin(8, True, False)
+        timer.begin(8, True)
         now[0] += 0.5 if untypical else 0.02  # a catch-up makes the step long
         if untypical:
             timer.untypical()
@@ -38,7 +38,7 @@ def test_an_untypical_step_keeps_its_place_without_a_time(monkeypatch):
 def test_a_stream_that_never_completes_keeps_a_bounded_backlog(monkeypatch):
     timer = StepTimer("cpu")
     for i in range(step_timer.MAX_PENDING + 10):
-        timer.begin(i, False, False)
+        timer.begin(i, False)
         timer.end()
     assert len(timer.pending) == step_timer.MAX_PENDING and timer.dropped == 10
     assert next(timer.finished())[0] == 10  # the oldest kept
@@ -53,7 +53,7 @@ def test_cuda_events_time_the_step_without_a_host_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         for n in (1, 8):
-            timer.begin(n, n > 1, False)
+            timer.begin(n, n > 1)
             for _ in range(n):
                 a = a @ a / 64
             timer.end()
