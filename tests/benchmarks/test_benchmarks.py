@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from specgate.gate import Gate, GateConfig
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe",
            "reproducibility", "auto_shift", "trueoff_proof", "auto_gate_model", "sweep_noise", "decode_lines"]
@@ -240,8 +242,9 @@ def test_the_auto_gate_model_dips_the_batch_and_charges_each_switch_on():
     free = model.parse_args(["--admit-delay", "3", "--noise", "0", "--max-tokens", "32"])
     q = model.chain_probability(charged.tau, charged.num_steps)
 
-    class Recording(model.Always):
+    class Recording(Gate):  # a fixed gate's no-op observe_time / observe_tokens; decide recorded
         def __init__(self, every):
+            super().__init__(GateConfig(None))
             self.seen, self.every = [], every
 
         def decide(self, running):
