@@ -308,11 +308,7 @@ def run_side_by_side(a, paths: dict, vocab: int, results: dict) -> None:
 def format_rounds_table(results: dict, variants: list[str], concurrency: list[int]) -> str:
     """Per level: each variant's mean over rounds, the paired ratio's mean [range] over rounds, and the
     baseline's own spread over its blocks, (max - min) / mean."""
-    base, other = variants
-
-    def mean(xs):
-        return sum(xs) / len(xs)
-
+    base, other, mean = *variants, statistics.fmean
     head = ["c", f"{base} tok/s", f"{base} decode tok/s", f"{other} tok/s", f"{other} decode tok/s",
             "ratio, client", "ratio, decode lines", f"{base} spread, client / decode"]  # fmt: skip
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -345,7 +341,8 @@ def header(a, versions: str) -> str:
             + ("one run per configuration. " if a.rounds == 1 else
                f"both servers on the GPU at once, {a.rounds} blocks each per level, taking turns. ")
             + f"tok/s is measured by the client (prefill included); decode tok/s is the median "
-            f"of SGLang's own decode log lines at that batch size; (x.xx) is the ratio to nospec.\n")  # fmt: skip
+            f"of SGLang's own decode log lines at that batch size"
+            + ("; (x.xx) is the ratio to nospec.\n" if a.rounds == 1 else ".\n"))  # fmt: skip
 
 
 def main(argv=None) -> int:
