@@ -28,18 +28,19 @@ def _glibc():
         return None
 
 
-def keep_freed_memory() -> bool:
-    """Stop glibc from returning large freed blocks to the OS.
+def keep_freed_memory(mmap_above: int = 1 << 30) -> bool:
+    """Stop glibc from returning freed blocks below `mmap_above` bytes to the OS.
 
     Training and serving allocate and free tensors of tens of MB every step. By default
     glibc serves those with fresh mmaps, so every step pays page faults on first touch:
     on a 2-core VM that made a TTT training step 2-3x slower. Raising the mmap and trim
-    thresholds keeps the memory in the heap for reuse. No-op off glibc.
+    thresholds keeps the memory in the heap for reuse. Blocks of `mmap_above` bytes or more
+    still get their own mmap, returned to the OS when freed. No-op off glibc.
     """
     libc = _glibc()
     if libc is None:
         return False
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 36)
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, mmap_above) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 36)
     return bool(ok and libc.mallopt(_M_TOP_PAD, 1 << 28))
 
 
