@@ -102,7 +102,7 @@ TRIM_EVERY = 16  # steps between handing freed heap pages back to the OS (runtim
 # Tensors of 16 MiB or more (teacher logits, attention scores, the loss's [rows, draft vocab] terms) get
 # their own mmap, returned when freed. Their sizes change with every batch, and kept in the heap they
 # fragmented it: the embedded default's training peaked at 6.9 GB with them kept, 4.5 GB without, at
-# 0.8 of the tokens/s (docs/benchmarks/training.md).
+# 0.79-0.93 of the tokens/s (docs/benchmarks/training.md).
 TRAIN_MMAP_ABOVE = 16 << 20
 
 
