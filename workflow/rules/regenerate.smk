@@ -20,6 +20,7 @@ rule regenerate:
         regenerate={
             k: v for k, v in config["data"]["regenerate"].items() if k != "enabled"
         },
+        max_prompt_tokens=config["tokenize"]["max_length"],  # later turns would be cut by tokenize
         seed=config["seed"],
         device=config["device"],
         code=fingerprint("pipeline.regenerate"),

@@ -7,6 +7,7 @@ with stage_log(snakemake.log[0]):
         snakemake.input.target,
         snakemake.output.conversations,
         snakemake.output.summary,
+        max_prompt_tokens=snakemake.params.max_prompt_tokens,
         seed=snakemake.params.seed,
         device=snakemake.params.device,
         **snakemake.params.regenerate,

@@ -218,12 +218,15 @@ def parts_fingerprint(conversations: str, target_dir: str, *, engine: str, seed:
                         "seed": seed, "chunk": chunk_size, "engine": engine, **settings})  # fmt: skip
 
 
-def regenerate_conversations(generate, tokenizer, records: list[dict]) -> tuple[list[dict], int, int]:
+def regenerate_conversations(generate, tokenizer, records: list[dict],
+                             max_prompt_tokens: int | None = None) -> tuple[list[dict], int, int]:  # fmt: skip
     """Regenerate assistant turns in order; a conversation ends at its first empty reply.
 
     `generate` maps token-id prompts to output ids. Each turn of all live conversations is
-    one call. Returns the conversations with at least one reply, how many had none, and
-    how many tokens were generated.
+    one call. A conversation also ends before a turn whose prompt is `max_prompt_tokens` or
+    longer: tokenize keeps no more than that, so the reply would never be trained on (and a
+    long conversation could outgrow the target's context). Returns the conversations with at
+    least one reply, how many had none, and how many tokens were generated.
     """
     users = [[m for m in r["messages"] if m["role"] == "user"] for r in records]
     done = [[m for m in r["messages"][:1] if m["role"] == "system"] for r in records]
@@ -233,7 +236,13 @@ def regenerate_conversations(generate, tokenizer, records: list[dict]) -> tuple[
         if not alive:
             break
         histories = [done[i] + [users[i][turn]] for i in alive]
-        outputs = generate([prompt_ids(tokenizer, h) for h in histories])
+        prompts = [prompt_ids(tokenizer, h) for h in histories]
+        if max_prompt_tokens is not None:
+            fits = [len(p) < max_prompt_tokens for p in prompts]
+            alive, histories, prompts = ([x for x, ok in zip(xs, fits, strict=True) if ok] for xs in (alive, histories, prompts))
+            if not alive:
+                break
+        outputs = generate(prompts)
         tokens += sum(map(len, outputs))
         survivors = []
         for i, history, ids in zip(alive, histories, outputs, strict=True):
@@ -248,7 +257,8 @@ def regenerate_conversations(generate, tokenizer, records: list[dict]) -> tuple[
 
 def regenerate_stage(conversations: str, target_dir: str, out: str, summary_out: str, *, seed: int, device: str,
                      engine: str = "auto", mem_fraction_static: float = 0.8, max_new_tokens: int,
-                     temperature: float, batch_size: int, chunk_size: int, replicas: int = 1) -> dict:  # fmt: skip
+                     temperature: float, batch_size: int, chunk_size: int, replicas: int = 1,
+                     max_prompt_tokens: int | None = None) -> dict:  # fmt: skip
     """Regenerate the train split chunk by chunk, resuming at the first missing chunk.
 
     With `replicas` > 1 each conversation is regenerated that many times (sampled, so the copies differ),
@@ -264,9 +274,11 @@ def regenerate_stage(conversations: str, target_dir: str, out: str, summary_out:
     records = read_jsonl(conversations)
     records = [r if k == 0 else {**r, "replica": k} for k in range(replicas) for r in records]
     settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "batch_size": batch_size}
-    copies = {"replicas": replicas} if replicas > 1 else {}  # one copy: the parts of a run without replicas stay valid
+    # only what is set: parts written without replicas or a prompt cap stay valid
+    copies = {"replicas": replicas} if replicas > 1 else {}
+    cap = {"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens is not None else {}
     fingerprint = parts_fingerprint(conversations, target_dir, engine=engine, seed=seed, chunk_size=chunk_size,
-                                    **settings, **copies)  # fmt: skip
+                                    **settings, **copies, **cap)  # fmt: skip
     parts = ShardDir(Path(out).with_suffix(".parts"), fingerprint)
     keep_freed_memory()
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
@@ -283,7 +295,7 @@ def regenerate_stage(conversations: str, target_dir: str, out: str, summary_out:
                                        eos=eos, **settings)  # fmt: skip
                 torch.manual_seed(seed + k)  # reference sampling is reproducible per chunk, also after a resume
                 start = time.perf_counter()
-                regenerated, n_empty, n_tokens = regenerate_conversations(gen.generate, tokenizer, chunk)
+                regenerated, n_empty, n_tokens = regenerate_conversations(gen.generate, tokenizer, chunk, max_prompt_tokens)
                 seconds += time.perf_counter() - start
                 generated, tokens = generated + 1, tokens + n_tokens
                 write_jsonl(parts.path(name), regenerated + [{"_empty_replies": n_empty}])
@@ -295,7 +307,7 @@ def regenerate_stage(conversations: str, target_dir: str, out: str, summary_out:
             gen.close()
     write_jsonl(out, kept)
     summary = {"input": len(records), "kept": len(kept), "dropped_empty_reply": empty, "engine": engine, **settings,
-               "replicas": replicas,
+               "replicas": replicas, "max_prompt_tokens": max_prompt_tokens,
                "chunks_generated": generated, "chunks_reused": len(chunks) - generated, "generated_tokens": tokens,
                "generate_seconds": round(seconds, 3),
                "tokens_per_s": round(tokens / seconds, 1) if seconds else None}  # fmt: skip

@@ -175,3 +175,28 @@ def test_sampled_replicas_give_each_conversation_several_different_replies(tmp_p
     for rec in regenerated:
         first_replies.setdefault(rec["messages"][0]["content"], set()).add(rec["messages"][1]["content"])
     assert any(len(replies) > 1 for replies in first_replies.values())  # sampled copies differ
+
+
+def test_a_conversation_ends_before_a_turn_whose_prompt_tokenize_would_cut(tmp_path, target):
+    """max_prompt_tokens: turns past tokenize's max_length are not generated, and the turns before are kept."""
+    chats = write_conversations(tmp_path / "chats.jsonl", 6)
+    full = regenerate_stage(chats, target, tmp_path / "full.jsonl", tmp_path / "s.json", **SETTINGS)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    full_records = read_jsonl(tmp_path / "full.jsonl")
+    multi = [r for r in full_records if sum(m["role"] == "assistant" for m in r["messages"]) > 1]
+    assert multi, "the fixture must hold a conversation with two regenerated turns"
+    # a cap just above the longest first-turn prompt: every first turn fits, no second turn does
+    first_prompts = [prompt_ids(tok, r["messages"][:2] if r["messages"][0]["role"] == "system" else r["messages"][:1])
+                     for r in full_records]  # fmt: skip
+    cap = max(map(len, first_prompts)) + 1
+    capped = regenerate_stage(chats, target, tmp_path / "capped.jsonl", tmp_path / "c.json", **SETTINGS,
+                              max_prompt_tokens=cap)  # fmt: skip
+    records = read_jsonl(tmp_path / "capped.jsonl")
+    assert len(records) == len(full_records)
+    assert all(sum(m["role"] == "assistant" for m in r["messages"]) == 1 for r in records)
+    # greedy: the first turns are the uncapped run's
+    firsts = {r["messages"][0]["content"]: r["messages"][:2] for r in full_records}
+    assert all(r["messages"] == firsts[r["messages"][0]["content"]] for r in records)
+    assert capped["generated_tokens"] < full["generated_tokens"] and capped["max_prompt_tokens"] == cap
