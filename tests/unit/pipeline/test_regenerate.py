@@ -5,6 +5,7 @@ import logging
 import pytest
 import torch
 from conftest import sglang_dirs, write_conversations
+from transformers import AutoTokenizer
 
 from specgate.files import ShardDir, read_jsonl
 from specgate.model.chat import prompt_ids
@@ -181,8 +182,6 @@ def test_a_conversation_ends_before_a_turn_whose_prompt_tokenize_would_cut(tmp_p
     """max_prompt_tokens: turns past tokenize's max_length are not generated, and the turns before are kept."""
     chats = write_conversations(tmp_path / "chats.jsonl", 6)
     full = regenerate_stage(chats, target, tmp_path / "full.jsonl", tmp_path / "s.json", **SETTINGS)
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(target)
     full_records = read_jsonl(tmp_path / "full.jsonl")
     multi = [r for r in full_records if sum(m["role"] == "assistant" for m in r["messages"]) > 1]
