@@ -1,5 +1,6 @@
 import copy
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -54,9 +55,13 @@ def test_took_sees_a_missing_or_changed_value():
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "config/overlays").glob("*.yaml")))
-def test_every_overlay_over_the_default_config_is_valid(default, name):
-    over = yaml.safe_load((REPO / "config/overlays" / name).read_text())
-    merged = validate_config(_overlay(default, over), SCHEMA)
+def test_every_overlay_over_the_config_its_usage_line_names_is_valid(name):
+    text = (REPO / "config/overlays" / name).read_text()
+    usage = re.search(r"--configfile (\S+)", text)
+    assert usage, f"{name} has no usage line naming the config it goes over"
+    base = yaml.safe_load((REPO / usage.group(1)).read_text())
+    over = yaml.safe_load(text)
+    merged = validate_config(_overlay(base, over), SCHEMA)
     assert _took(merged, over)  # every key the overlay sets took
 
 
