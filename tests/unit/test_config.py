@@ -57,11 +57,15 @@ def test_took_sees_a_missing_or_changed_value():
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "config/overlays").glob("*.yaml")))
 def test_every_overlay_over_the_config_its_usage_line_names_is_valid(name):
     text = (REPO / "config/overlays" / name).read_text()
-    usage = re.search(r"--configfile (\S+)", text)
+    usage = re.search(r"--configfile (.+)", text)
     assert usage, f"{name} has no usage line naming the config it goes over"
-    base = yaml.safe_load((REPO / usage.group(1)).read_text())
+    files = usage.group(1).split()  # the config, then each overlay in the order Snakemake merges them
+    assert files[-1] == f"config/overlays/{name}", f"{name}'s usage line ends with another file"
+    merged = yaml.safe_load((REPO / files[0]).read_text())
+    for overlay in files[1:]:
+        merged = _overlay(merged, yaml.safe_load((REPO / overlay).read_text()))
     over = yaml.safe_load(text)
-    merged = validate_config(_overlay(base, over), SCHEMA)
+    merged = validate_config(merged, SCHEMA)
     assert _took(merged, over)  # every key the overlay sets took
 
 
