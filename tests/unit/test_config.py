@@ -61,11 +61,11 @@ def test_every_overlay_over_the_config_its_usage_line_names_is_valid(name):
     assert usage, f"{name} has no usage line naming the config it goes over"
     files = usage.group(1).split()  # the config, then each overlay in the order Snakemake merges them
     assert files[-1] == f"config/overlays/{name}", f"{name}'s usage line ends with another file"
-    merged = yaml.safe_load((REPO / files[0]).read_text())
-    for overlay in files[1:]:
-        merged = _overlay(merged, yaml.safe_load((REPO / overlay).read_text()))
     over = yaml.safe_load(text)
-    merged = validate_config(merged, SCHEMA)
+    merged = yaml.safe_load((REPO / files[0]).read_text())
+    for earlier in files[1:-1]:
+        merged = _overlay(merged, yaml.safe_load((REPO / earlier).read_text()))
+    merged = validate_config(_overlay(merged, over), SCHEMA)
     assert _took(merged, over)  # every key the overlay sets took
 
 
