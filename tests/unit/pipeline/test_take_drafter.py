@@ -41,7 +41,9 @@ def test_a_drafter_saved_with_its_embedding_and_the_newer_layer_names_passes(tmp
         return w | {"embed_tokens.weight": torch.zeros(vocab, hidden)}
 
     src = foreign_copy(tiny_drafter, tmp_path / "specforge", tensors=respell)
-    take_drafter(str(src), str(tmp_path / "drafter"), str(counting_target))
+    info = take_drafter(str(src), str(tmp_path / "drafter"), str(counting_target))
+    assert info["path"] == str(src.resolve())
+    assert (tmp_path / "drafter" / "model.safetensors").resolve() == src / "model.safetensors"
 
 
 @pytest.mark.parametrize("edit, field", [
