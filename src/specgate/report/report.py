@@ -310,8 +310,10 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
                      _fmt(ratio, 3), steps, best_steps, count(c, "gate_switches"), count(c, "gate_probes"),
                      count(c, "gate_flushes")])  # fmt: skip
     auto_env = decision.envelope["auto"][0]
+    spread = (f" [90% interval {decision.auto_ratio[1]:.3f}–{decision.auto_ratio[2]:.3f}]"
+              if decision.auto_ratio and best == decision.best else "")
     how = (f"It kept {auto_env:.3f} of the better of no-spec and always-on at every level, against {best}'s "
-           f"{decision.envelope[best][0]:.3f} (ratio **{auto_env / decision.envelope[best][0]:.3f}**)."
+           f"{decision.envelope[best][0]:.3f} (ratio **{auto_env / decision.envelope[best][0]:.3f}**{spread})."
            if best else f"It kept {auto_env:.3f} of the better of no-spec and always-on at every level.")
     lines = ["The auto gate has no threshold: it fits a line of step time against batch size for plain and for "
              "speculative steps, and the accept length, and stops speculating where speculation stops paying by that "

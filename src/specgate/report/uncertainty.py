@@ -138,6 +138,7 @@ class Decision:
     worst_concurrency: dict[str, int] = field(default_factory=dict)
     pays: list[int] = field(default_factory=list)  # levels where always-on beats no-spec beyond noise (5%/L each)
     loses: list[int] = field(default_factory=list)  # levels where it loses beyond noise
+    auto_ratio: list[float] | None = None  # auto's envelope ÷ the best gate's: [point, lo, hi], with auto swept
     rule: str = ("within noise: envelope efficiency reaches the best gate's in >= 10% of bootstrap draws; "
                  "from that set, the lowest threshold")  # fmt: skip
 
@@ -183,4 +184,9 @@ def decide(levels: pd.DataFrame, boot: dict, tie: float = TIE, sure: float = SUR
         decision.within_noise = sorted((g for g in gates if (eff_draws[g] >= eff_draws[best]).mean() >= tie),
                                        key=lambda g: _threshold_key(g, levels))  # fmt: skip
         decision.pick = decision.within_noise[0]
+        if "auto" in eff_draws:
+            # on the same draws, so the interval holds both envelopes' noise
+            ratio_draws = eff_draws["auto"] / eff_draws[best]
+            decision.auto_ratio = [decision.envelope["auto"][0] / decision.envelope[best][0],
+                                   *(float(np.percentile(ratio_draws, q)) for q in INTERVAL)]
     return decision

@@ -122,6 +122,9 @@ def test_the_auto_variant_is_reported_beside_the_fixed_thresholds_and_never_pick
     ratio = float(text.split("ratio **")[1].split("**")[0])
     assert ratio == pytest.approx(decision.envelope["auto"][0] / decision.envelope["gate_2"][0], abs=1e-3)
     assert 0.97 < ratio < 1.0
+    point, lo, hi = decision.auto_ratio
+    assert point == pytest.approx(ratio, abs=1e-3) and lo < point < hi and hi - lo < 0.05
+    assert f"[90% interval {lo:.3f}–{hi:.3f}]" in text
     # the levels where both speculated alike give the spread of servers run one after another
     t = levels.pivot_table(index="concurrency", columns="variant", values="output_throughput")
     alike = (t.auto / t.gate_2).loc[list(LEVELS[1:])]
