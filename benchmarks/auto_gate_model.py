@@ -13,6 +13,7 @@ step costs and level lengths before spending GPU time.
     python benchmarks/auto_gate_model.py --plain 22 9.5 --spec 26 13.6 --tau 1.37 --thresholds 2 4 8
     python benchmarks/auto_gate_model.py --admit-delay 2 --catchup-ms 2 0.5   # dips below c, and catch-ups
     python benchmarks/auto_gate_model.py --first-use-stall-ms 150   # each batch size's first speculative step stalls
+    python benchmarks/auto_gate_model.py --plain 6.2 0.025 --spec 8.1 0.24 --knee 16 4 --tau 1.78   # flat, then growing
 
 Gated variants first get the sweep's unmeasured priming wave (--prime, max_running requests at once).
 """
@@ -31,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plain", type=float, nargs=2, default=(4.75, 0.070), metavar=("FIXED_MS", "PER_REQUEST_MS"))
     p.add_argument("--spec", type=float, nargs=2, default=(7.07, 0.407), metavar=("FIXED_MS", "PER_REQUEST_MS"))
+    p.add_argument("--knee", type=int, nargs=2, default=(0, 0), metavar=("PLAIN", "SPEC"),
+                   help="the batch below which each side's step costs only its fixed part, as on a GPU the batch does "
+                        "not yet fill: a step costs fixed + per-request x max(batch - knee, 0)")
     p.add_argument("--tau", type=float, default=1.83, help="tokens per request per speculative step")
     p.add_argument("--num-steps", type=int, default=3, help="draft tokens per speculative step")
     p.add_argument("--prefill-ms", type=float, default=8.0, help="cost of one admission of new requests")
@@ -89,8 +93,8 @@ def level(gate, c: int, a: argparse.Namespace, q: float, rng: random.Random, com
             return tokens / seconds
         b = len(active)
         spec = gate.decide(b) if gate else False
-        fixed, per = a.spec if spec else a.plain
-        step = (fixed + per * b) / 1000 * rng.uniform(1 - a.noise, 1 + a.noise)
+        (fixed, per), knee = (a.spec, a.knee[1]) if spec else (a.plain, a.knee[0])
+        step = (fixed + per * max(b - knee, 0)) / 1000 * rng.uniform(1 - a.noise, 1 + a.noise)
         catchup = (a.catchup_ms[0] + a.catchup_ms[1] * b) / 1000 if spec and not last_spec else 0.0
         if spec and b not in compiled:
             compiled.add(b)
@@ -138,7 +142,8 @@ def main(argv=None) -> int:
         for v in env:
             envelopes[v].append(env[v])
         ratios.append(env["auto"] / max(env[f"gate_{t}"] for t in a.thresholds))
-    lines = [f"plain {a.plain[0]} + {a.plain[1]} ms/request, speculative {a.spec[0]} + {a.spec[1]} ms/request, "
+    knees = f" beyond batch {a.knee[0]} / {a.knee[1]}" if any(a.knee) else ""
+    lines = [f"plain {a.plain[0]} + {a.plain[1]} ms/request, speculative {a.spec[0]} + {a.spec[1]} ms/request{knees}, "
              f"tau {a.tau}, {a.seeds} seeds", "", "| variant | envelope efficiency, median (min-max) |", "|---|---|"]
     lines += [f"| {v} | {statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f}) |" for v, xs in envelopes.items()]
     lines += ["", f"auto / best fixed threshold: {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"]

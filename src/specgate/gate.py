@@ -94,8 +94,8 @@ class Gate:
 # -- the auto gate ----------------------------------------------------------------------------------
 #
 # No threshold to give: the gate fits the model that decides one (docs/design/auto-gate.md). Per side, a
-# step costs a line in the running batch, t(b) = a + c * b, fitted through each batch-size bucket's mean
-# step time, a stall counting at most twice the line; tau is the tokens a speculative step gives a
+# step's time against the running batch is a line between the mean points of neighbouring batch-size
+# buckets, a stall counting at most twice the line; tau is the tokens a speculative step gives a
 # request. Speculation pays while tau * t_plain(b) > t_spec(b): the first batch where it stops, ceil(b*),
 # is the threshold of a fixed `Gate`. Probes, steps on the side the gate is not on, keep the unused line
 # and tau current, each spending what the model says it loses from a budget.
@@ -127,29 +127,40 @@ class AutoConfig:
 
 @dataclass
 class Line:
-    """A step's seconds, a + c * batch, fitted through each bucket's running mean. Forgetting runs per bucket, by
-    its own samples: a load that stays at one batch size refreshes that bucket and keeps what the others
-    measured, where one forgetting line would forget its slope."""
+    """A step's seconds against the running batch: straight lines between the mean points of the batch-size
+    buckets, flat below the first, on along the last segment above the last. Each point is a bucket's mean
+    batch and mean step time; forgetting runs per bucket, by its own samples: a load that stays at one batch
+    size refreshes that bucket and keeps what the others measured. A line between neighbours, not one line
+    through all: a GPU step costs about the same from 1 to 16 requests and then grows, and one straight line
+    through both regimes puts a small batch's step time 40% too high and the crossover far too low."""
 
     buckets: dict = field(default_factory=dict)  # bucket -> [weight, weighted sum of batch, of seconds]
-    theta: list = field(default_factory=lambda: [0.0, 0.0])  # a in seconds, c in seconds per request
+    points: list = field(default_factory=list)  # (mean batch, mean seconds) by batch, never falling
+
+    def __post_init__(self):
+        self._refit()
 
     def __call__(self, b: float) -> float:
-        return self.theta[0] + self.theta[1] * b
+        pts = self.points
+        if len(pts) < 2 or b <= pts[0][0]:
+            return pts[0][1] if pts else 0.0
+        i = next((i for i in range(1, len(pts)) if b <= pts[i][0]), len(pts) - 1)  # the segment, or the last
+        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+        return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
 
     def add(self, b: float, t: float, memory: int, huber: float) -> None:
-        if self.buckets and self(b) > 0:  # one-sided Huber: a stall only ever lengthens a step
+        if self.points and self(b) > 0:  # one-sided Huber: a stall only ever lengthens a step
             t = min(t, (1 + huber) * self(b))
         w, sb, st = self.buckets.get(bucket(b), (0.0, 0.0, 0.0))
         keep = min(1.0, (memory - 1) / max(w, 1e-9))  # a plain mean of the first `memory` samples, then an EMA
         self.buckets[bucket(b)] = [keep * w + 1, keep * sb + b, keep * st + t]
-        points = [(sb / w, st / w, w) for w, sb, st in self.buckets.values()]
-        sw = sum(w for _, _, w in points)
-        mb, mt = sum(b * w for b, _, w in points) / sw, sum(t * w for _, t, w in points) / sw
-        var = sum(w * (b - mb) ** 2 for b, _, w in points)
-        c = sum(w * (b - mb) * (t - mt) for b, t, w in points) / var if var > 1e-9 else 0.0
-        c = min(max(c, 0.0), mt / mb)  # a step never gets cheaper with more requests, nor has a negative fixed part
-        self.theta = [mt - c * mb, c]
+        self._refit()
+
+    def _refit(self) -> None:
+        self.points, top = [], 0.0
+        for _, (w, sb, st) in sorted(self.buckets.items()):
+            top = max(top, st / w)  # a step never gets cheaper with more requests
+            self.points.append((sb / w, top))
 
 
 @dataclass
@@ -174,7 +185,7 @@ class AutoGate:
             for side in ("plain", "spec"):
                 a, c = cfg.seed[side]
                 self.lines[side] = Line({bucket(b): [cfg.memory, cfg.memory * b, cfg.memory * (a + c * b)]
-                                         for b in (1, 64)}, [a, c])  # fmt: skip
+                                         for b in (1, 64)})  # fmt: skip
             self.tau, self.tau_samples = float(cfg.seed["tau"]), cfg.tau_memory
             self._set_threshold()
 
@@ -185,24 +196,19 @@ class AutoGate:
     def gain(self, b: int) -> float | None:
         """Speculative tokens/s over plain tokens/s at batch b; None before the model has both sides."""
         tau, plain, spec = self.tau, self.lines["plain"], self.lines["spec"]
-        if tau is None or not (plain.buckets and spec.buckets):  # a seed fills both
+        if tau is None or not (plain.points and spec.points):  # a seed fills both
             return None
-        # a speculative step does at least a plain step's work per request: a spec slope fitted below the plain
-        # one (noise, or buckets the spec side has not seen lately) would make speculation pay more with load
-        a, c = spec.theta
-        return tau * plain(b) / max(a + max(c, plain.theta[1]) * b, 1e-12)
+        # a speculative step does at least a plain step's work: a spec line below the plain one (noise, or
+        # batches the spec side has not seen lately) would make speculation pay more than tau
+        return tau * plain(b) / max(spec(b), plain(b), 1e-12)
 
     def crossover(self) -> int | None:
-        """The first batch at which speculation stops paying; None if it pays at every batch (or the model is not
-        ready). A crossover beyond any batch the server runs leaves the gate on, as None does. gain(b) < 1 is
-        linear in b: tau * c_plain - c_spec times b below a_spec - tau * a_plain."""
+        """The first batch at which speculation stops paying; None if it pays at every batch up to twice the
+        largest either side has run (beyond that both lines only extrapolate), or the model is not ready."""
         if self.gain(1) is None:
             return None
-        (a_p, c_p), (a_s, c_s) = self.lines["plain"].theta, self.lines["spec"].theta
-        slope, below = self.tau * c_p - max(c_s, c_p), a_s - self.tau * a_p
-        if slope >= 0:  # the gain rises with the batch (or is flat): it pays everywhere or nowhere from batch 1
-            return 1 if slope < below else None
-        return max(1, math.floor(below / slope) + 1)
+        top = 2 * max(line.points[-1][0] for line in self.lines.values())
+        return next((b for b in range(1, math.ceil(top) + 1) if self.gain(b) < 1), None)
 
     def _set_threshold(self) -> None:
         c, t, m, d = self.gate.config, self.crossover(), self.config.margin, self.gate.config.disable_at
@@ -251,7 +257,7 @@ class AutoGate:
     def counters(self) -> dict:
         return {"gate_on": self.on, "steps_on": self.steps_on, "steps_off": self.steps_off, "switches": self.switches,
                 "mode": "auto", "auto_threshold": self.threshold, "probes": self.probes, "tau": self.tau and round(self.tau, 3),
-                "lines": {k: [round(v.theta[0], 6), round(v.theta[1], 8)] for k, v in self.lines.items()}}  # fmt: skip
+                "lines": {k: [[round(b, 1), round(t * 1e3, 3)] for b, t in v.points] for k, v in self.lines.items()}}  # fmt: skip
 
 
 def make_gate(settings: dict) -> Gate | AutoGate:

@@ -86,7 +86,8 @@ def steadiness_section(blocks: pd.DataFrame) -> list[str]:
              _table(["concurrency", *variants], rows)]  # fmt: skip
     if noise is not None:
         lines += ["", f"Noise: one block's ratio deviates from its cell's mean by {noise:.3f} (relative standard "
-                      "deviation, pooled over every cell); the intervals below are drawn from those deviations."]  # fmt: skip
+                      "deviation, pooled over every cell); the intervals below are drawn from those deviations, a turn at a "
+                      "time, so what a turn does to every variant alike cancels where two are compared."]  # fmt: skip
     return lines
 
 

@@ -11,8 +11,10 @@ measured without a baseline beside it (bench.side_by_side false) decides on raw 
 Replicates are few, 3 by default, and a bootstrap over 3 values cannot see past them: the median
 of 3 draws from 3 values never leaves their range. So the noise is pooled: each replicate's
 deviation from its cell's mean (relative, scaled by sqrt(n / (n - 1))) is pooled over every
-variant and level of the sweep, since they ran on the same host in the same way, and each cell is
-redrawn as its median times (1 + pooled deviations), one per replicate. The statistic is the
+level of the sweep, since they ran on the same host in the same way, and each cell is redrawn as
+its median times (1 + pooled deviations), one per replicate. A turn's deviations are drawn as one
+row, every variant's together: a turn's no-spec block and its requests' acceptance move every
+variant of that turn alike, and drawn together they cancel where two variants are compared. The statistic is the
 median over replicates, as the point estimate is. The redraws center on the median, not the mean:
 one slow block pulls a mean of 3 far enough that its interval would miss the median it stands
 for. With a single replicate there are no deviations to pool, and the requests are resampled
@@ -96,11 +98,23 @@ def bootstrap_levels(rounds: pd.DataFrame, records: pd.DataFrame, draws: int = D
     """(variant, concurrency) -> `draws` bootstrap replicates of the median-over-rounds throughput."""
     rng = np.random.default_rng(seed)
     cells = {(v, int(c)): g.output_throughput.to_numpy(float) for (v, c), g in rounds.groupby(["variant", "concurrency"])}
-    # Round-to-round deviations, relative to each cell's mean, pooled over every cell with two or more rounds and
-    # scaled by sqrt(n / (n - 1)) for the mean each cell's own deviations were taken from.
+    turns = rounds.pivot_table(index=["concurrency", "round"], columns="variant", values="output_throughput")
+    out = {}
+    if turns.notna().all().all() and turns.groupby(level=0).size().min() > 1:
+        # A turn's deviations are drawn as one row, every variant's together: what the turn's requests do to
+        # every speculative variant alike (their acceptance, their lengths) moves them together in a draw, so a
+        # comparison between variants sees only what differs within a turn. Rows are pooled over levels, each
+        # relative to its cell's mean and scaled by sqrt(n / (n - 1)) for the mean they were taken from.
+        n = turns.groupby(level=0).transform("size").to_numpy()[:, None]
+        pooled = ((turns / turns.groupby(level=0).transform("mean") - 1) * np.sqrt(n / (n - 1))).to_numpy()
+        for c, g in turns.groupby(level=0):
+            rows = pooled[rng.integers(0, len(pooled), size=(draws, len(g)))]  # [draws, replicates, variants]
+            drawn = np.median(g.median().to_numpy() * (1 + rows), axis=1)
+            out.update({(v, int(c)): drawn[:, j] for j, v in enumerate(turns.columns)})
+        return out
+    # Replicates not aligned across variants: each cell drawn alone from the deviations of every cell
     pooled = np.concatenate([(x / x.mean() - 1) * np.sqrt(len(x) / (len(x) - 1)) for x in cells.values() if len(x) > 1]
                             or [np.empty(0)])  # fmt: skip
-    out = {}
     if len(pooled):
         for key, x in cells.items():
             dev = pooled[rng.integers(0, len(pooled), size=(draws, len(x)))]

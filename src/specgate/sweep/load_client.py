@@ -31,12 +31,15 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import logging
 import random
 import time
 from dataclasses import asdict, dataclass, field
 
 import aiohttp
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -536,7 +539,9 @@ async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads
     A block whose error rate exceeds `max_error_rate` raises LevelFailed after its records are kept.
     An entry with `prime` gets one unmeasured block at that concurrency first: a gated server that
     crosses its threshold once before measuring pays one-time costs of that path outside the levels
-    (on an H200 the first off step of an SGLang true-off server stalled for 10.4 s).
+    (on an H200 the first off step of an SGLang true-off server stalled for 10.4 s). Each closed-loop
+    level starts with one unmeasured block on each server, the speculative one always on where that
+    entry exists, so the batch sizes new at that level are met before any block is measured.
     """
     switcher = Switcher()
     current = {}  # url -> the entry whose gate that server runs now
@@ -559,6 +564,22 @@ async def sweep_blocks(entries: list[Entry], model: str, prompts, lengths, loads
     for load in loads:
         seconds = window_s if load.rate is None else rate_window_s
         level_rows = []
+        if load.rate is None:
+            # one unmeasured block per server at the level first: a speculative server's first block at a new
+            # concurrency pays one-time costs of the batch sizes it meets (on an H100, the always-on block that
+            # came first read 0.55-0.95 of no-spec where the two after it read 0.75-1.56), and a measured block
+            # must not carry them
+            warm = {}  # url -> the entry that warms it: always-on on the speculative server, where swept
+            for e in entries:
+                if e.url not in warm or e.name == "always":
+                    warm[e.url] = e
+            for entry in warm.values():
+                log.info("unmeasured block: %s at %s", entry.name, load.name)
+                await use(entry)
+                await closed_block(entry.url, model, prompts, lengths, load.concurrency, warmup_s=warmup_s,
+                                   window_s=seconds, ignore_eos=ignore_eos, variant=entry.name, timeout_s=timeout_s,
+                                   stagger=stagger)  # fmt: skip
+                await wait_idle(entry.url)
         for b in range(blocks):
             sequence = turn_order(entries, b, order)
             measured, used = [], 0

@@ -108,8 +108,9 @@ def test_an_open_block_runs_every_arrival_to_its_end_and_counts_goodput_under_th
     assert loose["goodput"] == pytest.approx(len(block.records) / block.whole_s) and tight["goodput"] == 0
 
 
-def test_a_switched_sweep_runs_every_gate_on_one_server_beside_the_no_spec_server(servers):
+def test_a_switched_sweep_runs_every_gate_on_one_server_beside_the_no_spec_server(servers, caplog):
     base, spec, control = servers
+    caplog.set_level("INFO", logger="specgate.sweep.load_client")
     prompts = [p for p, _ in bench_requests(EVAL, 10, 0)]
     lengths = [24] * 10
     entries = [Entry("nospec", base.url, baseline=True),
@@ -142,6 +143,9 @@ def test_a_switched_sweep_runs_every_gate_on_one_server_beside_the_no_spec_serve
     assert all(by[("gate_2", 3, b)]["server_spec_steps"] == 0 and by[("gate_2", 3, b)]["server_plain_ms"] > 0
                for b in (0, 1))  # fmt: skip
     assert {r["variant"] for r in records} == {"nospec", "always", "gate_2"}
+    # each level began with one unmeasured block per server, the speculative one always on
+    warm = [m for m in caplog.messages if m.startswith("unmeasured block")]
+    assert warm == [f"unmeasured block: {v} at c={c}" for c in (1, 3) for v in ("nospec", "always")]
 
 
 def test_turn_orders_rotate_or_sandwich_each_variant_between_baseline_blocks():
