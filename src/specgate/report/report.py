@@ -344,7 +344,11 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
     lo, hi = thr.index.min(), thr.index.max()
     gain_lo, gain_hi = thr.at[lo, "always"] / thr.at[lo, "nospec"], thr.at[hi, "always"] / thr.at[hi, "nospec"]
     crossing = cm.measured_crossover(summary)
-    if crossing == 0:
+    gains = thr["always"] / thr["nospec"]
+    if crossing == 0 and gains.max() > 1:  # behind at the lowest level, ahead at some higher one
+        where = (f"always-on speculation is ×{gain_lo:.2f} no-spec at concurrency {lo}, ×{gains.max():.2f} at "
+                 f"{gains.idxmax()} and ×{gain_hi:.2f} at {hi}")  # fmt: skip
+    elif crossing == 0:
         where = f"always-on speculation never beat no speculation here (×{gain_lo:.2f} already at concurrency {lo})"
     elif math.isinf(crossing):
         where = f"always-on speculation beat no speculation at every measured concurrency (×{gain_hi:.2f} at {hi})"

@@ -159,3 +159,18 @@ def test_one_slow_round_leaves_the_median_inside_its_interval():
     levels = un.intervals(un.aggregate_rounds(rounds), un.bootstrap_levels(rounds, records))
     assert (levels.output_throughput_lo <= levels.output_throughput).all()
     assert (levels.output_throughput <= levels.output_throughput_hi).all()
+
+
+def test_the_rationale_names_a_gain_above_the_lowest_level():
+    # always-on level with no-spec at c = 1 and ahead at c = 2: the report must not say it never beat no-spec
+    from specgate.report import cost_model as cm
+    from specgate.report.report import rationale
+
+    truth = {"nospec": NOSPEC, "always": [99, 230, 290, 380], "gate_2": [99, 180, 300, 400],
+             "gate_4": [99, 230, 300, 400]}  # fmt: skip
+    d, levels = decide(truth, noise=0.01)
+    text = rationale(levels, d, cm.fit(levels)[0])
+    t = levels.pivot_table(index="concurrency", columns="variant", values="output_throughput")
+    gain = t.always / t.nospec
+    assert gain[1] < 1 < gain[2] and "never beat" not in text
+    assert f"×{gain[1]:.2f} no-spec at concurrency 1, ×{gain[2]:.2f} at 2 and ×{gain[8]:.2f} at 8" in text
