@@ -193,7 +193,7 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
         records = pd.DataFrame([r for p in bench_records for r in read_jsonl(p)],
                                columns=["variant", "concurrency", "round", "output_tokens", "e2e_s", "error"])  # fmt: skip
         boot = un.bootstrap_levels(rounds, records, seed=int(config.get("seed", 0)))
-        sweep = un.intervals(un.aggregate_rounds(rounds), boot)
+        sweep = un.intervals(un.aggregate_rounds(rounds), boot, rounds)
         if {"nospec", "always"} <= set(sweep.variant):
             decision = un.decide(sweep, boot)
         parts += sweep_sections(config, sweep, plots_dir, out, decision, blocks=blocks)
@@ -451,7 +451,7 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
              + ("closed loop at each concurrency and open loop (Poisson arrivals) at each request rate"
                 if config["bench"].get("request_rates") else "closed loop")
              + " over the OpenAI streaming API. " + st.describe(config, blocks if blocks is not None else summary),
-             "", "### Output throughput (tok/s): median over blocks [90% bootstrap interval]", "",
+             "", "### Output throughput (tok/s): median over blocks [90% bootstrap interval; a no-spec that is every ratio's denominator: 5th–95th percentile of its own blocks]", "",
              _with_interval(summary, variants),
              "", "### Median TTFT (ms)", "", _by_concurrency(summary, "median_ttft_ms", variants, 0),
              "", "### Median ITL (ms)", "", _by_concurrency(summary, "median_itl_ms", variants),

@@ -134,10 +134,17 @@ def bootstrap_levels(rounds: pd.DataFrame, records: pd.DataFrame, draws: int = D
     return out
 
 
-def intervals(levels: pd.DataFrame, boot: dict) -> pd.DataFrame:
-    """`levels` with output_throughput_lo / _hi: the 90% interval of each level's median."""
-    lo = [np.percentile(boot[(v, int(c))], INTERVAL[0]) for v, c in zip(levels.variant, levels.concurrency, strict=True)]
-    hi = [np.percentile(boot[(v, int(c))], INTERVAL[1]) for v, c in zip(levels.variant, levels.concurrency, strict=True)]
+def intervals(levels: pd.DataFrame, boot: dict, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`levels` with output_throughput_lo / _hi: the 90% interval of each level's median. A cell that is
+    every ratio's denominator (the switched sweep's no-spec) has no spread in the ratios; with `rounds`,
+    its interval is the range of its own blocks' measured throughput instead."""
+    lo, hi = [], []
+    for v, c in zip(levels.variant, levels.concurrency, strict=True):
+        draws = boot[(v, int(c))]
+        if np.ptp(draws) == 0 and rounds is not None and "measured_throughput" in rounds:
+            draws = rounds[(rounds.variant == v) & (rounds.concurrency == c)].measured_throughput.to_numpy(float)
+        lo.append(np.percentile(draws, INTERVAL[0]) if len(draws) else np.nan)
+        hi.append(np.percentile(draws, INTERVAL[1]) if len(draws) else np.nan)
     return levels.assign(output_throughput_lo=lo, output_throughput_hi=hi)
 
 

@@ -174,3 +174,25 @@ def test_the_rationale_names_a_gain_above_the_lowest_level():
     gain = t.always / t.nospec
     assert gain[1] < 1 < gain[2] and "never beat" not in text
     assert f"×{gain[1]:.2f} no-spec at concurrency 1, ×{gain[2]:.2f} at 2 and ×{gain[8]:.2f} at 8" in text
+
+
+def test_the_switched_sweeps_no_spec_keeps_the_spread_of_its_own_blocks():
+    # In the switched design every ratio's denominator is the turn's no-spec block, so no-spec's ratios are
+    # all 1 and carry no spread; its interval comes from its own blocks' measured throughput.
+    rng = np.random.default_rng(1)
+    rows = []
+    for c, base in zip(LEVELS, NOSPEC, strict=True):
+        for turn in range(5):
+            nospec = base * (1 + 0.05 * rng.standard_normal())
+            for v, gain in (("nospec", 1.0), ("always", 1.2)):
+                measured = nospec * gain * (1 + 0.02 * rng.standard_normal()) if v == "always" else nospec
+                rows.append({"variant": v, "concurrency": c, "round": 0, "block": turn, "output_throughput": measured,
+                             "ratio": measured / nospec, "baseline_output_throughput": nospec, "completed": 10,
+                             "failed": 0, "errors": np.nan})  # fmt: skip
+    rounds = un.replicates(pd.DataFrame(rows))
+    boot = un.bootstrap_levels(rounds, pd.DataFrame(columns=["variant", "concurrency", "round", "output_tokens", "e2e_s", "error"]))
+    levels = un.intervals(un.aggregate_rounds(rounds), boot, rounds).set_index(["variant", "concurrency"])
+    for c in LEVELS:
+        own = rounds[(rounds.variant == "nospec") & (rounds.concurrency == c)].measured_throughput
+        lo, mid, hi = levels.loc[("nospec", c), ["output_throughput_lo", "output_throughput", "output_throughput_hi"]]
+        assert lo < mid < hi and own.min() <= lo and hi <= own.max()
