@@ -365,7 +365,9 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
     if len(decision.within_noise) > 1:
         tied = ", ".join(f"{g} ({decision.envelope[g][0]:.3f} [{decision.envelope[g][1]:.3f}–{decision.envelope[g][2]:.3f}])"
                          for g in decision.within_noise)  # fmt: skip
-        choice = (f" **Within noise of each other: {tied}.** Among them the report picks the lowest threshold, the gate "
+        choice = (f" **Within noise of each other: {tied}.** Among them the report picks the highest threshold, the gate "
+                  f"that speculates furthest into the load where it paid." if decision.verdict == "no loss" else
+                  f" **Within noise of each other: {tied}.** Among them the report picks the lowest threshold, the gate "
                   f"that stops speculating first as load grows.")  # fmt: skip
     else:
         others = sorted((g for g in decision.envelope if g.startswith("gate_") and g != pick),
@@ -387,6 +389,11 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
         return (f"**Speculation does not pay here:** it won beyond noise at no measured load{lost}. If it stays on, gate "
                 f"it at {t} running requests ({pick}), which {keeps}. With the drafter's measured accept length, "
                 f"{where}. {noise}{choice} For comparison, {pred}.")  # fmt: skip
+    if decision.verdict == "no loss":
+        return (f"**Speculation paid and lost beyond noise at no measured load, up to concurrency {hi}: gate it at {t} "
+                f"running requests ({pick}).** The sweep stopped below the load where speculation stops paying; sweep "
+                f"higher concurrency to place the threshold there. With the drafter's measured accept length, {where}. "
+                f"{noise} Gated at {t}, the server {keeps}.{choice} For comparison, {pred}.")  # fmt: skip
     return (f"**Stop speculating at {t} running requests ({pick}).** With the drafter's measured accept length, {where}. "
             f"{noise} Gated at {t}, the server {keeps}.{choice} For comparison, {pred}.")
 
@@ -514,8 +521,8 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
               _table(["", "predicted", "measured"], [
                   ["crossover batch", "∞" if math.isinf(b) else f"{b:.1f}",
                    (lambda m: "∞" if math.isinf(m) else f"{m:.1f}")(cm.measured_crossover(summary))],
-                  ["best threshold among those swept", pred_best if pred_best is not None else "-",
-                   _threshold(summary, pick) if pick is not None else "-"]]), "",
+                  ["threshold with the highest envelope efficiency, among those swept", pred_best if pred_best is not None else "-",
+                   _threshold(summary, decision.best) if decision.best is not None else "-"]]), "",
               _table(["concurrency", "nospec measured", "nospec predicted", "always measured", "always predicted"], [
                   [c, _fmt(summary[(summary.variant == "nospec") & (summary.concurrency == c)].output_throughput.iloc[0]),
                    _fmt(float(model.nospec_throughput(c))),

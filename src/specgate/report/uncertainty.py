@@ -150,7 +150,7 @@ def intervals(levels: pd.DataFrame, boot: dict, rounds: pd.DataFrame | None = No
 
 @dataclass
 class Decision:
-    verdict: str  # "gate": speculation pays somewhere, "break-even", or "no speculation"
+    verdict: str  # "gate": pays somewhere, loses somewhere; "no loss": pays, loses nowhere; "break-even"; "no speculation"
     pick: str | None  # the recommended gate (also for "if it must stay on")
     best: str | None  # the gate with the highest envelope efficiency
     within_noise: list[str]  # gates within noise of the best, the best included
@@ -198,13 +198,17 @@ def decide(levels: pd.DataFrame, boot: dict, tie: float = TIE, sure: float = SUR
         decision.verdict = "no speculation"
     elif not decision.pays:
         decision.verdict = "break-even"
+    elif not decision.loses:
+        decision.verdict = "no loss"  # the sweep stopped below the load where speculation stops paying
     gates = [v for v in variants if v.startswith("gate_")]
     if gates:
         best = max(gates, key=lambda g: (round(decision.envelope[g][0], 3), decision.mean_efficiency[g]))
         decision.best = best
         decision.within_noise = sorted((g for g in gates if (eff_draws[g] >= eff_draws[best]).mean() >= tie),
                                        key=lambda g: _threshold_key(g, levels))  # fmt: skip
-        decision.pick = decision.within_noise[0]
+        # Where speculation lost somewhere, the lowest threshold among the ties: the one that stops first as load
+        # grows. Where it lost nowhere, the highest: it speculates furthest into the range that paid.
+        decision.pick = decision.within_noise[-1 if decision.verdict == "no loss" else 0]
         if "auto" in eff_draws:
             # on the same draws, so the interval holds both envelopes' noise
             ratio_draws = eff_draws["auto"] / eff_draws[best]

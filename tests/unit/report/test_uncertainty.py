@@ -196,3 +196,19 @@ def test_the_switched_sweeps_no_spec_keeps_the_spread_of_its_own_blocks():
         own = rounds[(rounds.variant == "nospec") & (rounds.concurrency == c)].measured_throughput
         lo, mid, hi = levels.loc[("nospec", c), ["output_throughput_lo", "output_throughput", "output_throughput_hi"]]
         assert lo < mid < hi and own.min() <= lo and hi <= own.max()
+
+
+def test_a_sweep_that_never_reaches_the_loss_picks_the_highest_tied_threshold():
+    # always-on pays at 1 and 2 and ties no-spec at 4 and 8: nothing swept lost, so the sweep stopped below the
+    # crossover, and among tied gates the one that speculates furthest is picked, with a line saying so
+    from specgate.report import cost_model as cm
+    from specgate.report.report import rationale
+
+    truth = {"nospec": NOSPEC, "always": [150, 230, 300, 400], "gate_2": [150, 200, 300, 400],
+             "gate_4": [150, 230, 300, 400], "gate_8": [150, 230, 300, 400]}  # fmt: skip
+    d, levels = decide(truth, noise=0.01)
+    assert d.verdict == "no loss" and d.pays == [1, 2] and d.loses == []
+    assert d.within_noise == ["gate_4", "gate_8"] and d.pick == "gate_8"
+    text = rationale(levels, d, cm.fit(levels)[0])
+    assert "lost beyond noise at no measured load, up to concurrency 8: gate it at 8" in text
+    assert "picks the highest threshold" in text
