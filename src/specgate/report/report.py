@@ -314,8 +314,8 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     how = (f"It kept {auto_env:.3f} of the better of no-spec and always-on at every level, against {best}'s "
            f"{decision.envelope[best][0]:.3f} (ratio **{auto_env / decision.envelope[best][0]:.3f}**{spread})."
            if best else f"It kept {auto_env:.3f} of the better of no-spec and always-on at every level.")
-    lines = ["The auto gate has no threshold: it fits a line of step time against batch size for plain and for "
-             "speculative steps, and the accept length, and stops speculating where speculation stops paying by that "
+    lines = ["The auto gate has no threshold: it measures a curve of step time against batch size for plain and "
+             "for speculative steps, and the accept length, and stops speculating where speculation stops paying by that "
              f"model (`docs/design/auto-gate.md`). {how}",
              "",
              "Per level: the threshold it ran at the end of the level (median over rounds); decode steps speculated "
