@@ -62,7 +62,9 @@ class Gate:
     def decide(self, running: int) -> bool:
         """Decide this decode step from the running decode batch size; update the counters."""
         cfg = self.config
-        if cfg.disable_at is not None and self._dwell >= cfg.min_dwell_steps:
+        if cfg.disable_at is None and not self.on:  # no threshold (the auto gate lifts its own where speculation
+            self._switch(True)  # pays at every batch): speculate
+        elif cfg.disable_at is not None and self._dwell >= cfg.min_dwell_steps:
             if self.on and running >= cfg.disable_at:
                 self._switch(False)
             elif not self.on and running <= cfg.enable_at:

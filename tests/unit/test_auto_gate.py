@@ -233,3 +233,20 @@ def test_tau_is_the_mean_of_its_first_samples_then_an_ema():
     for _ in range(3000):
         gate.observe_tokens(4, 6)  # the traffic shifts to 1.5: the EMA follows
     assert gate.tau == pytest.approx(1.5, abs=0.01)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_it_speculates_again_where_a_shift_makes_speculation_pay_at_every_batch(seed):
+    """Speculation loses above a crossover (28.6), then, with the load held at 64, acceptance rises until it pays
+    at every batch: the gate, off when its probes lift the threshold, must turn on, not stay off for want of one."""
+    rng = random.Random(seed)
+    engine, gate = Engine.__new__(Engine), AutoGate()
+    engine.rng, engine.plain, engine.spec, engine.tau = rng, (0.010, 0.0001), (0.012, 0.0003), 1.6
+    for b in wander(rng, 6000):
+        engine.step(gate, b)
+    assert gate.threshold is not None
+    engine.tau = 3.5  # the speculative slope 0.0003 < 3.5 x 0.0001: a gain above 1 at every batch
+    for _ in range(4000):
+        engine.step(gate, 64)
+    late = [engine.step(gate, 64)[0] for _ in range(1000)]
+    assert gate.threshold is None and sum(late) >= 0.97 * len(late), (gate.counters(), sum(late))

@@ -57,3 +57,12 @@ def test_no_threshold_always_speculates():
 def test_bad_settings_are_rejected(kwargs):
     with pytest.raises(ValueError, match="gate"):
         GateConfig(**kwargs)
+
+
+def test_a_gate_whose_threshold_is_lifted_while_off_speculates_again():
+    # the auto gate lifts its threshold (disable_at None) where speculation pays at every batch; a gate that was
+    # off then has no threshold to resume at and must turn on by itself
+    gate = Gate(GateConfig(disable_at=4, enable_at=2, min_dwell_steps=0))
+    assert gate.decide(1) and not gate.decide(8)
+    gate.config.disable_at, gate.config.enable_at = None, None
+    assert gate.decide(8) and gate.decide(64) and gate.switches == 2
