@@ -458,7 +458,9 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
              + ("closed loop at each concurrency and open loop (Poisson arrivals) at each request rate"
                 if config["bench"].get("request_rates") else "closed loop")
              + " over the OpenAI streaming API. " + st.describe(config, blocks if blocks is not None else summary),
-             "", "### Output throughput (tok/s): median over blocks [90% bootstrap interval; a no-spec that is every ratio's denominator: 5th–95th percentile of its own blocks]", "",
+             "", "### Output throughput (tok/s): median over blocks [90% bootstrap interval]", "",
+             *(["A no-spec beside every block (the switched design's) is every ratio's denominator: its interval is the "
+                "5th–95th percentile of its own blocks.", ""] if config["bench"].get("design") == "switched" else []),
              _with_interval(summary, variants),
              "", "### Median TTFT (ms)", "", _by_concurrency(summary, "median_ttft_ms", variants, 0),
              "", "### Median ITL (ms)", "", _by_concurrency(summary, "median_itl_ms", variants),
