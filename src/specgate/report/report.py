@@ -365,10 +365,10 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
     if len(decision.within_noise) > 1:
         tied = ", ".join(f"{g} ({decision.envelope[g][0]:.3f} [{decision.envelope[g][1]:.3f}–{decision.envelope[g][2]:.3f}])"
                          for g in decision.within_noise)  # fmt: skip
-        choice = (f" **Within noise of each other: {tied}.** Among them the report picks the highest threshold, the gate "
-                  f"that speculates furthest into the load where it paid." if decision.verdict == "no loss" else
-                  f" **Within noise of each other: {tied}.** Among them the report picks the lowest threshold, the gate "
-                  f"that stops speculating first as load grows.")  # fmt: skip
+        rule = ("highest threshold, the gate that speculates furthest into the load where it paid"
+                if decision.verdict == "no loss" else
+                "lowest threshold, the gate that stops speculating first as load grows")  # as un.decide picks
+        choice = f" **Within noise of each other: {tied}.** Among them the report picks the {rule}."
     else:
         others = sorted((g for g in decision.envelope if g.startswith("gate_") and g != pick),
                         key=lambda g: -decision.envelope[g][0])  # fmt: skip
