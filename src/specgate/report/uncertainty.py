@@ -137,7 +137,7 @@ def bootstrap_levels(rounds: pd.DataFrame, records: pd.DataFrame, draws: int = D
 def intervals(levels: pd.DataFrame, boot: dict, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
     """`levels` with output_throughput_lo / _hi: the 90% interval of each level's median. A cell that is
     every ratio's denominator (the switched sweep's no-spec) has no spread in the ratios; with `rounds`,
-    its interval is the range of its own blocks' measured throughput instead."""
+    its interval is the 5th-95th percentile of its own blocks' measured throughput instead."""
     lo, hi = [], []
     for v, c in zip(levels.variant, levels.concurrency, strict=True):
         draws = boot[(v, int(c))]
