@@ -276,9 +276,6 @@ def gate_off_comparison(summary: pd.DataFrame) -> str | None:
     return _table(["threshold", "concurrency", "no-spec tok/s", "true-off gate ÷ no-spec", "SGLang steps=0 ÷ no-spec"], rows)
 
 
-SAME_DECISIONS = 0.02  # shares of decode steps speculated this close count as the same decisions
-
-
 def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     """Where the auto gate settled at each level, and how its throughput compares with the fixed thresholds'."""
     best = decision.best  # the fixed threshold with the highest envelope efficiency, as the recommendation ranks them
@@ -303,7 +300,7 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
         t = value(c, "auto_threshold")
         (steps, share), (best_steps, best_share) = speculated(c, "auto"), speculated(c, best)
         ratio = thr.at[c, "auto"] / thr.at[c, best] if best else np.nan
-        if abs(share - best_share) <= SAME_DECISIONS:
+        if abs(share - best_share) <= un.SAME_DECISIONS:
             agree.append((c, ratio))
         rows.append([c, "none (speculates at every batch)" if pd.isna(t) else int(t), _fmt(thr.at[c, "auto"]),
                      _fmt(ratio, 3), steps, best_steps, count(c, "gate_switches"), count(c, "gate_probes"),
@@ -330,7 +327,7 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
         # measurement's own spread, the yardstick for the envelope ratio
         ratios = [r for _, r in agree]
         lines += ["", f"At concurrency {', '.join(str(c) for c, _ in agree)} auto speculated on a share of decode steps "
-                      f"within {SAME_DECISIONS * 100:.0f} points of {best}'s: there the two made nearly the same "
+                      f"within {un.SAME_DECISIONS * 100:.0f} points of {best}'s: there the two made nearly the same "
                       f"decisions, and auto ÷ {best} ran {min(ratios):.3f}–{max(ratios):.3f}."]  # fmt: skip
     return "\n".join(lines)
 
@@ -368,7 +365,11 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
         rule = ("highest threshold, the gate that speculates furthest into the load where it paid"
                 if decision.verdict == "no loss" else
                 "lowest threshold, the gate that stops speculating first as load grows")  # as un.decide picks
-        choice = f" **Within noise of each other: {tied}.** Among them the report picks the {rule}."
+        same = [f"{g} at c = {', '.join(map(str, decision.same_decisions[g]))}" for g in decision.within_noise
+                if g != decision.best and decision.same_decisions.get(g)]  # fmt: skip
+        apart = (f" (compared only where they decided apart; {decision.best} and {'; '.join(same)} speculated on the "
+                 f"same share of steps)" if same else "")  # fmt: skip
+        choice = f" **Within noise of each other: {tied}**{apart}. Among them the report picks the {rule}."
     else:
         others = sorted((g for g in decision.envelope if g.startswith("gate_") and g != pick),
                         key=lambda g: -decision.envelope[g][0])  # fmt: skip

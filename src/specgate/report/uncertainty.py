@@ -29,7 +29,10 @@ The decision rule (`decide`) works on the same bootstrap draws:
   levels: any one of L levels may pay by chance, so each is held to 5%/L. With a pay at no
   level, speculation is "break-even"; with one, the report recommends a gate.
 - A gate is **within noise** of the best one (highest envelope efficiency) when its envelope
-  efficiency reaches the best's in ≥ 10% of draws. From that set the report picks the most
+  efficiency reaches the best's in ≥ 10% of draws. Levels where the two gates made the same
+  decisions (shares of decode steps speculated within 2 points: both off, or both on) do not
+  count: there the two servers ran the same steps and any difference is the measurement's own,
+  so the gate is drawn as the best one there. From that set the report picks the most
   conservative gate: the lowest threshold, which stops speculating first as load grows.
 """
 
@@ -44,6 +47,7 @@ DRAWS = 2000
 INTERVAL = (5.0, 95.0)
 SURE = 0.95  # share of draws for "pays" (and 1 - SURE for "loses")
 TIE = 0.10  # share of draws in which a gate reaches the best one's envelope efficiency
+SAME_DECISIONS = 0.02  # shares of decode steps speculated this close count as the same decisions
 
 
 def replicates(blocks: pd.DataFrame) -> pd.DataFrame:
@@ -154,6 +158,7 @@ class Decision:
     pick: str | None  # the recommended gate (also for "if it must stay on")
     best: str | None  # the gate with the highest envelope efficiency
     within_noise: list[str]  # gates within noise of the best, the best included
+    same_decisions: dict[str, list[int]] = field(default_factory=dict)  # gate -> levels where it decided as the best
     envelope: dict[str, list[float]] = field(default_factory=dict)  # variant -> [point, lo, hi]
     mean_efficiency: dict[str, float] = field(default_factory=dict)
     worst_concurrency: dict[str, int] = field(default_factory=dict)
@@ -161,6 +166,7 @@ class Decision:
     loses: list[int] = field(default_factory=list)  # levels where it loses beyond noise
     auto_ratio: list[float] | None = None  # auto's envelope ÷ the best gate's: [point, lo, hi], with auto swept
     rule: str = ("within noise: envelope efficiency reaches the best gate's in >= 10% of bootstrap draws; "
+                 "counted only at levels where the two gates' shares of steps speculated differ by more than 2 points; "
                  "from that set, the lowest threshold")  # fmt: skip
 
     def to_dict(self) -> dict:
@@ -171,6 +177,16 @@ def _threshold_key(variant: str, levels: pd.DataFrame):
     row = levels[levels.variant == variant].iloc[0]
     hysteresis = not pd.isna(row.get("enable_at", np.nan))
     return (float(row.disable_at), hysteresis, variant)
+
+
+def speculated_share(levels: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """(variant, concurrency) -> the share of decode steps its gate speculated; only where the server counts them."""
+    if not {"gate_steps_on", "gate_steps_off"} <= set(levels):
+        return {}
+    steps = levels.gate_steps_on + levels.gate_steps_off
+    share = levels.gate_steps_on / steps.where(steps > 0)
+    return {(v, int(c)): float(s) for v, c, s in zip(levels.variant, levels.concurrency, share, strict=True)
+            if not pd.isna(s)}  # fmt: skip
 
 
 def decide(levels: pd.DataFrame, boot: dict, tie: float = TIE, sure: float = SURE) -> Decision:
@@ -204,8 +220,18 @@ def decide(levels: pd.DataFrame, boot: dict, tie: float = TIE, sure: float = SUR
     if gates:
         best = max(gates, key=lambda g: (round(decision.envelope[g][0], 3), decision.mean_efficiency[g]))
         decision.best = best
-        decision.within_noise = sorted((g for g in gates if (eff_draws[g] >= eff_draws[best]).mean() >= tie),
-                                       key=lambda g: _threshold_key(g, levels))  # fmt: skip
+        share = speculated_share(levels)
+        tied = []
+        for g in gates:
+            same = [c for c in concurrencies if (g, c) in share and (best, c) in share
+                    and abs(share[(g, c)] - share[(best, c)]) <= SAME_DECISIONS]  # fmt: skip
+            decision.same_decisions[g] = same
+            # where the two ran the same steps, g is drawn as the best one: only where they decided apart can
+            # one fall behind the other
+            g_draws = np.where(np.isin(concurrencies, same), draws[best], draws[g])
+            if ((g_draws / best_draws).min(axis=1) >= eff_draws[best]).mean() >= tie:
+                tied.append(g)
+        decision.within_noise = sorted(tied, key=lambda g: _threshold_key(g, levels))
         # Where speculation lost somewhere, the lowest threshold among the ties: the one that stops first as load
         # grows. Where it lost nowhere, the highest: it speculates furthest into the range that paid.
         decision.pick = decision.within_noise[-1 if decision.verdict == "no loss" else 0]

@@ -11,10 +11,11 @@ LEVELS = (1, 2, 4, 8)
 
 
 def synthetic(truth: dict[str, list[float]], noise: float, rounds: int = 3, requests: int = 12, seed: int = 0,
-              turn_noise: float = 0.0):
+              turn_noise: float = 0.0, shares: dict[str, list[float]] | None = None):
     """(rounds, records) as the bench jobs write them: truth[variant][i] is the throughput at LEVELS[i].
     `turn_noise` is what a turn does to every variant alike beside its no-spec block (that block's own
-    noise, the turn's acceptance): one factor per level and round, shared by all but no-spec."""
+    noise, the turn's acceptance): one factor per level and round, shared by all but no-spec. `shares`
+    gives a gate's share of decode steps speculated at each level, as the servers count them."""
     rng = np.random.default_rng(seed)
     turn = 1 + turn_noise * rng.standard_normal((len(LEVELS), rounds))
     rows, records = [], []
@@ -27,6 +28,8 @@ def synthetic(truth: dict[str, list[float]], noise: float, rounds: int = 3, requ
                              "failed": 0, "total_output_tokens": 48 * requests, "duration": 48 * requests / measured,
                              "engine": "reference", "server_version": "x", "disable_at": disable_at, "enable_at": np.nan,
                              "accept_length": 1.5, "accept_length_source": "s", "errors": np.nan})  # fmt: skip
+                if shares and v in shares:
+                    rows[-1].update(gate_steps_on=round(100 * shares[v][i]), gate_steps_off=round(100 * (1 - shares[v][i])))
                 # per-request rates around the round's, so Little's law gives back about `measured`
                 for _ in range(requests):
                     rate = measured / c * (1 + noise * rng.standard_normal())
@@ -86,6 +89,26 @@ def test_what_a_turn_does_to_every_variant_alike_does_not_hide_a_difference_betw
     for seed in range(10):
         d, _ = decide(truth, noise=0.01, turn_noise=0.10, seed=seed)
         assert d.best == d.pick == "gate_8" and d.within_noise == ["gate_8"], (seed, d.envelope)
+
+
+def test_gates_are_compared_only_where_they_decided_apart():
+    # gate_4 and gate_8 speculate at 1 and 2 and stop at 8; only at 4 do they decide apart, where speculation
+    # breaks even. At 8 both ran plain steps, yet gate_4's blocks there read 15% low: a difference between two
+    # servers running the same steps, the measurement's own. Compared only where they decided apart, the two
+    # are within noise, and the lower threshold is picked; without the counters the 15% decides.
+    always = [150.0, 230.0, 300.0, 240.0]
+    truth = {"nospec": NOSPEC, "always": always, "gate_4": [150, 230, 300, 340], "gate_8": [150, 230, 300, 400]}
+    shares = {"gate_4": [1, 1, 0, 0], "gate_8": [1, 1, 1, 0]}
+    for seed in range(5):
+        d, _ = decide(truth, noise=0.01, seed=seed, shares=shares)
+        assert d.best == "gate_8" and d.within_noise == ["gate_4", "gate_8"] and d.pick == "gate_4", (seed, d.envelope)
+        assert d.same_decisions["gate_4"] == [1, 2, 8]
+        d, _ = decide(truth, noise=0.01, seed=seed)
+        assert d.within_noise == ["gate_8"] and d.pick == "gate_8", (seed, d.envelope)
+    # where they decided apart, a gate that fell behind is still behind
+    truth["gate_4"] = [150, 230, 250, 340]
+    d, _ = decide(truth, noise=0.01, shares=shares)
+    assert d.within_noise == ["gate_8"] and d.pick == "gate_8", d.envelope
 
 
 def test_always_on_never_paying_says_serve_without_speculation():
