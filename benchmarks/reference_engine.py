@@ -14,7 +14,12 @@ back, so a machine whose speed drifts over minutes (a shared VM) slows them alik
 per second are counted over the whole level. The table gives each variant's rate and each rate
 ÷ no speculation. `--auto` adds the auto gate.
 
-Below the table: the accept length the engine counted, whether the greedy outputs of every
+A second table splits each level's wall time: the share spent inside the engine's timed decode steps
+(the step timer the auto gate fits its curves to) and the rest (prefills, the draft's catch-up,
+delivering tokens, admitting requests), and gives always-on ÷ no-spec both ways: over wall time, as
+a client sees it, and over the timed steps alone, as the auto gate sees it.
+
+Below the tables: the accept length the engine counted, whether the greedy outputs of every
 speculative variant equal no-spec's token for token in the checkpoint's dtype (on a CPU, bf16
 rounds a k+1-token verify and a one-token decode differently, so near-tie argmaxes can flip
 there), and the same check in fp32, where rounding cannot flip an argmax and speculation must
@@ -58,7 +63,13 @@ def table_rows(rates: dict[tuple[str, int], list[float]], variants: list[str], c
 
 
 def closed_loop(engine, prompts: list[list[int]], concurrency: int, requests: int, max_new: int):
-    """Keep `concurrency` requests in flight until `requests` are done; (output tok/s, outputs by request)."""
+    """Keep `concurrency` requests in flight until `requests` are done; (output tok/s, outputs by request).
+    The loop's wall seconds, and the seconds and tokens of the engine's timed decode steps within it, are
+    kept in `closed_loop.last` as (wall_s, step_s, step_tokens)."""
+    def timed():  # (seconds, tokens) of every timed decode step so far
+        return (sum(c[3] for c in engine.step_counters.values()), sum(c[2] for c in engine.step_counters.values()))
+
+    before = timed()
     outputs: dict[int, list[int]] = {}
     lock, done = threading.Lock(), threading.Event()
     state = {"next": 0, "finished": 0}
@@ -85,7 +96,22 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, requests: in
             launch()
     done.wait()
     elapsed = time.perf_counter() - t0
+    after = timed()
+    closed_loop.last = (elapsed, after[0] - before[0], after[1] - before[1])
     return sum(len(o) for o in outputs.values()) / elapsed, outputs
+
+
+def split_rows(split: dict[tuple[str, int], list[tuple[float, float, float]]], concurrencies: list[int]) -> list[list[str]]:
+    """Per level: the share of wall time in timed decode steps for no-spec and always-on, and always-on ÷ no-spec
+    over wall time and over the timed steps alone (sums over repeats)."""
+    rows = []
+    for c in concurrencies:
+        wall, step, tokens = ({v: sum(x[i] for x in split[(v, c)]) for v in ("nospec", "always")} for i in range(3))
+        wall_rate = {v: tokens[v] / wall[v] for v in wall}  # every token comes from a timed step
+        step_rate = {v: tokens[v] / step[v] for v in step}
+        rows.append([str(c), f"{step['nospec'] / wall['nospec']:.2f}", f"{step['always'] / wall['always']:.2f}",
+                     f"{wall_rate['always'] / wall_rate['nospec']:.2f}", f"{step_rate['always'] / step_rate['nospec']:.2f}"])
+    return rows
 
 
 def eval_prompts(engine, eval_jsonl: str, n: int) -> list[list[int]]:
@@ -156,16 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines.values():
         closed_loop(engine, prompts, 1, 2, 8)  # warm-up
     rates: dict[tuple[str, int], list[float]] = {}
+    split: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     outputs = {}
     for c in concurrencies:
         for i in range(args.repeats):
             for name, engine in engines.items():
                 tps, outs = closed_loop(engine, prompts, c, max(args.requests, c), args.max_new)
                 rates.setdefault((name, c), []).append(tps)
+                split.setdefault((name, c), []).append(closed_loop.last)
                 if i == 0:
                     outputs[(name, c)] = outs
                 print(f"{name} concurrency {c} repeat {i + 1}: {tps:.1f} tok/s", file=sys.stderr)
     accept = {name: engine.stats()["avg_spec_accept_length"] for name, engine in engines.items()}
+    auto = engines["auto"].gate.counters() if args.auto else None
     for engine in engines.values():
         engine.shutdown()
     lossless = all(outputs[(n, c)] == outputs[("nospec", c)] for n in variants for c in concurrencies)
@@ -177,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         f"Accept length (engine counter): {accept_lengths}.",
         f"{dtype} (as benchmarked): greedy outputs of every variant identical to no-spec at every level: {lossless}.",
     ]
+    if auto:
+        lines = "; ".join(f"{side}: " + ", ".join(f"{b:g} → {ms:.1f} ms" for b, ms in pts) for side, pts in auto["lines"].items())
+        notes.append(f"The auto gate at the end: threshold {auto['auto_threshold']}, tau {auto['tau']}, {auto['probes']} "
+                     f"probes; its step-time curves (batch → ms) {lines}.")  # fmt: skip
     if not args.no_fp32_check:
         exact = fp32_lossless_check(args.target, args.draft, args.eval, num_steps=args.num_steps, device=args.device)
         notes.append(f"fp32 check ({exact['requests']} requests × {exact['max_new']} tokens at concurrency "
@@ -193,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         f"gate off at {args.threshold} running requests{'; and the auto gate' if args.auto else ''}; variants in turn at each repeat.",
         "",
         markdown_table(columns, table_rows(rates, names, concurrencies)),
+        "",
+        markdown_table(["concurrency", "no-spec: share of wall time in timed steps", "always-on: share in timed steps",
+                        "always ÷ nospec, wall", "always ÷ nospec, timed steps"], split_rows(split, concurrencies)),
         "",
         *notes,
         "",

@@ -87,6 +87,10 @@ def test_table_writers_on_given_numbers():
         ["1", "30.0", "36.0", "33.0", "1.20", "1.10"],
         ["4", "90.0 (80.0–100.0)", "72.0 (70.0–74.0)", "89.0 (88.0–90.0)", "0.80", "0.99"],
     ]
+    # (wall s, timed-step s, step tokens) per repeat: no-spec 100 tokens in 10 s of which 8 in steps; always-on 120
+    # tokens in 10 s of which 6 in steps: ×1.20 over wall time, ×1.60 over the steps alone
+    split = {("nospec", 2): [(5.0, 4.0, 50), (5.0, 4.0, 50)], ("always", 2): [(10.0, 6.0, 120)]}
+    assert engine.split_rows(split, [2]) == [["2", "0.80", "0.60", "1.20", "1.60"]]
 
     dp = load("dp_scaling")
     median, q1, q3 = dp.rate_summary([1.0, 9.0, 9.0, 9.0, 9.0, 10.0, 20.0, 30.0, 40.0])  # the first 5 steps dropped
