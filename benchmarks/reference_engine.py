@@ -17,7 +17,8 @@ per second are counted over the whole level. The table gives each variant's rate
 A second table splits each level's wall time: the share spent inside the engine's timed decode steps
 (the step timer the auto gate fits its curves to) and the rest (prefills, the draft's catch-up,
 delivering tokens, admitting requests), and gives always-on ÷ no-spec both ways: over wall time, as
-a client sees it, and over the timed steps alone, as the auto gate sees it.
+a client sees it, and over the timed steps alone, as the auto gate sees it. A third gives always-on's
+median step time by running batch at each level.
 
 Below the tables: the accept length the engine counted, whether the greedy outputs of every
 speculative variant equal no-spec's token for token in the checkpoint's dtype (on a CPU, bf16
@@ -66,8 +67,9 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, requests: in
     """Keep `concurrency` requests in flight until `requests` are done; (output tok/s, outputs by request).
     The loop's wall seconds, and the seconds and tokens of the engine's timed decode steps within it, are
     kept in `closed_loop.last` as (wall_s, step_s, step_tokens)."""
-    def timed():  # (seconds, tokens) of every timed decode step so far
-        return (sum(c[3] for c in engine.step_counters.values()), sum(c[2] for c in engine.step_counters.values()))
+    def timed():  # (seconds, tokens, steps) of every timed decode step so far
+        counters = engine.step_counters.values()
+        return sum(c[3] for c in counters), sum(c[2] for c in counters), sum(c[0] for c in counters)
 
     before = timed()
     outputs: dict[int, list[int]] = {}
@@ -98,7 +100,22 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, requests: in
     elapsed = time.perf_counter() - t0
     after = timed()
     closed_loop.last = (elapsed, after[0] - before[0], after[1] - before[1])
+    new_steps = after[2] - before[2]  # the engine keeps its last steps as (side, batch, tokens, seconds)
+    closed_loop.steps = list(engine.steps)[-new_steps:] if new_steps else []
     return sum(len(o) for o in outputs.values()) / elapsed, outputs
+
+
+def step_rows(steps: dict[int, list[tuple]], side: str = "spec") -> list[list[str]]:
+    """Per level and running batch: the median time of `side`'s steps (ms) and their count. A closed loop of few
+    requests ends in a tail at smaller batches, when only its last requests are left."""
+    rows = []
+    for c, level in sorted(steps.items()):
+        by_batch: dict[int, list[float]] = {}
+        for s, batch, _, seconds in level:
+            if s == side:
+                by_batch.setdefault(batch, []).append(seconds * 1e3)
+        rows += [[str(c), str(b), f"{statistics.median(t):.1f}", str(len(t))] for b, t in sorted(by_batch.items())]
+    return rows
 
 
 def split_rows(split: dict[tuple[str, int], list[tuple[float, float, float]]], concurrencies: list[int]) -> list[list[str]]:
@@ -183,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         closed_loop(engine, prompts, 1, 2, 8)  # warm-up
     rates: dict[tuple[str, int], list[float]] = {}
     split: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    always_steps: dict[int, list[tuple]] = {}  # always-on's steps by level, every repeat
     outputs = {}
     for c in concurrencies:
         for i in range(args.repeats):
@@ -190,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 tps, outs = closed_loop(engine, prompts, c, max(args.requests, c), args.max_new)
                 rates.setdefault((name, c), []).append(tps)
                 split.setdefault((name, c), []).append(closed_loop.last)
+                if name == "always":
+                    always_steps.setdefault(c, []).extend(closed_loop.steps)
                 if i == 0:
                     outputs[(name, c)] = outs
                 print(f"{name} concurrency {c} repeat {i + 1}: {tps:.1f} tok/s", file=sys.stderr)
@@ -229,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         markdown_table(["concurrency", "no-spec: share of wall time in timed steps", "always-on: share in timed steps",
                         "always ÷ nospec, wall", "always ÷ nospec, timed steps"], split_rows(split, concurrencies)),
+        "",
+        "Always-on's speculative steps by running batch (the engine's timer):",
+        "",
+        markdown_table(["concurrency", "running batch", "median step ms", "steps"], step_rows(always_steps)),
         "",
         *notes,
         "",

@@ -91,6 +91,8 @@ def test_table_writers_on_given_numbers():
     # tokens in 10 s of which 6 in steps: ×1.20 over wall time, ×1.60 over the steps alone
     split = {("nospec", 2): [(5.0, 4.0, 50), (5.0, 4.0, 50)], ("always", 2): [(10.0, 6.0, 120)]}
     assert engine.split_rows(split, [2]) == [["2", "0.80", "0.60", "1.20", "1.60"]]
+    steps = {4: [("spec", 4, 5, 0.120), ("spec", 4, 6, 0.122), ("spec", 2, 3, 0.145), ("plain", 4, 4, 0.1)]}
+    assert engine.step_rows(steps) == [["4", "2", "145.0", "1"], ["4", "4", "121.0", "2"]]
 
     dp = load("dp_scaling")
     median, q1, q3 = dp.rate_summary([1.0, 9.0, 9.0, 9.0, 9.0, 10.0, 20.0, 30.0, 40.0])  # the first 5 steps dropped
