@@ -64,9 +64,9 @@ def table_rows(rates: dict[tuple[str, int], list[float]], variants: list[str], c
 
 
 def closed_loop(engine, prompts: list[list[int]], concurrency: int, requests: int, max_new: int):
-    """Keep `concurrency` requests in flight until `requests` are done; (output tok/s, outputs by request).
-    The loop's wall seconds, and the seconds and tokens of the engine's timed decode steps within it, are
-    kept in `closed_loop.last` as (wall_s, step_s, step_tokens)."""
+    """Keep `concurrency` requests in flight until `requests` are done; (output tok/s, outputs by request,
+    timing). timing is (wall_s, step_s, step_tokens, steps): the loop's wall seconds, the seconds and tokens
+    of the engine's timed decode steps within it, and those steps as (side, batch, tokens, seconds)."""
     def timed():  # (seconds, tokens, steps) of every timed decode step so far
         counters = engine.step_counters.values()
         return sum(c[3] for c in counters), sum(c[2] for c in counters), sum(c[0] for c in counters)
@@ -99,10 +99,9 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, requests: in
     done.wait()
     elapsed = time.perf_counter() - t0
     after = timed()
-    closed_loop.last = (elapsed, after[0] - before[0], after[1] - before[1])
     new_steps = after[2] - before[2]  # the engine keeps its last steps as (side, batch, tokens, seconds)
-    closed_loop.steps = list(engine.steps)[-new_steps:] if new_steps else []
-    return sum(len(o) for o in outputs.values()) / elapsed, outputs
+    timing = (elapsed, after[0] - before[0], after[1] - before[1], list(engine.steps)[-new_steps:] if new_steps else [])
+    return sum(len(o) for o in outputs.values()) / elapsed, outputs, timing
 
 
 def step_rows(steps: dict[int, list[tuple]], side: str = "spec") -> list[list[str]]:
@@ -205,11 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     for c in concurrencies:
         for i in range(args.repeats):
             for name, engine in engines.items():
-                tps, outs = closed_loop(engine, prompts, c, max(args.requests, c), args.max_new)
+                tps, outs, timing = closed_loop(engine, prompts, c, max(args.requests, c), args.max_new)
                 rates.setdefault((name, c), []).append(tps)
-                split.setdefault((name, c), []).append(closed_loop.last)
+                split.setdefault((name, c), []).append(timing[:3])
                 if name == "always":
-                    always_steps.setdefault(c, []).extend(closed_loop.steps)
+                    always_steps.setdefault(c, []).extend(timing[3])
                 if i == 0:
                     outputs[(name, c)] = outs
                 print(f"{name} concurrency {c} repeat {i + 1}: {tps:.1f} tok/s", file=sys.stderr)

@@ -289,11 +289,13 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
     def count(c, key):
         return "-" if pd.isna(value(c, key)) else f"{int(value(c, key)):,}"
 
+    shares = un.speculated_share(summary)  # the same shares the recommendation compares gates on
+
     def speculated(c, variant):  # (text, share of decode steps speculated)
-        on, off = value(c, "gate_steps_on", variant), value(c, "gate_steps_off", variant)
-        if pd.isna(on) or pd.isna(off) or on + off == 0:
+        if (variant, int(c)) not in shares:
             return "-", np.nan
-        return f"{int(on):,} of {int(on + off):,}", on / (on + off)
+        on, off = value(c, "gate_steps_on", variant), value(c, "gate_steps_off", variant)
+        return f"{int(on):,} of {int(on + off):,}", shares[(variant, int(c))]
 
     rows, agree = [], []
     for c in sorted(by_variant["auto"].index):
