@@ -79,10 +79,8 @@ class Engine:
         self._waiting: queue.Queue[Job] = queue.Queue()
         self._running: list[Job] = []
         # Free slots as a min-heap, and the running batch kept in slot order: under a steady load the batch
-        # then holds slots 0..B-1 in order, and the CPU KV cache attends to them in one call per layer. With
-        # slots in arrival order it attended row by row whenever they were out of order, a cost that differed
-        # by server: engines run side by side at c = 4 on 2 vCPUs, the auto gate's plain steps took 1.15-1.25x
-        # a fixed gate's.
+        # then holds slots 0..B-1 in order, and the KV cache attends to them over views, without the copy
+        # that gathers a scattered batch.
         self._free = list(range(cfg.max_running))
         self._closed = threading.Event()
         self.verify_steps = 0

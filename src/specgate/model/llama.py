@@ -32,10 +32,10 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=self.attend_dtype, device=device)
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
         self.max_len = max_len
-        # Scattered slots (requests finish at different times): on a GPU, gather the rows in one copy;
-        # one attention launch per row per layer is 1,920 launches per forward at batch 64, and
-        # acceptance on the H200 ran at ~1 s per step. On a CPU, attend row by row over views (no copy).
-        self.gather_scattered = torch.device(device).type != "cpu"
+        # Scattered slots (requests finish at different times) are gathered in one copy and attended in one
+        # call. Row by row costs one call per row per layer: on an H200 acceptance ran at ~1 s per step at
+        # batch 64, and on 2 CPU cores a plain step at batch 7 with one hole took 95 ms against 64 ms with
+        # its slots in order (74 ms gathered), so a step's time hung on where finished requests had been.
         # On a GPU, repeat the KV heads for grouped-query attention: the memory-efficient SDPA kernel
         # takes a mask but not GQA, and without it SDPA falls back to the math path (41 against 34 ms
         # per acceptance step at batch 64 on an H200).
@@ -59,10 +59,7 @@ class KVCache:
         self.v[layer, rows_idx, :, pos] = v.transpose(1, 2).to(self.v.dtype)
         first, rows = int(slots[0]), len(slots)
         if rows > 1 and not bool((slots == torch.arange(first, first + rows, device=slots.device)).all()):
-            if self.gather_scattered:
-                return self._attend_rows(layer, slots.to(self.k.device), q, start, width)
-            return torch.cat([self._attend_rows(layer, slots[r : r + 1], q[r : r + 1], start[r : r + 1], width)
-                              for r in range(rows)])  # fmt: skip
+            return self._attend_rows(layer, slots.to(self.k.device), q, start, width)
         return self._attend_rows(layer, slice(first, first + rows), q, start, width)
 
     def _attend_rows(self, layer, rows, q, start, width: int) -> torch.Tensor:

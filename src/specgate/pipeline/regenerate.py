@@ -148,8 +148,8 @@ def decode_refilling(decoder: SpecDecoder, requests: list[Request], slots: int) 
         for req in running:
             if req.done:
                 free.append(req.slot)
-        # In slot order: a full batch then covers consecutive slots, which the KV cache attends in
-        # one call instead of row by row (SmolLM2-135M, bf16, 32 rows, 2 CPU cores: 0.27 against 0.38 s a step).
+        # In slot order: a full batch then covers consecutive slots, which the KV cache attends over
+        # views, without the copy that gathers scattered ones.
         running = sorted((r for r in running if not r.done), key=lambda r: r.slot)
         if running:
             decoder.plain_step(running)
