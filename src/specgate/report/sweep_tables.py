@@ -85,9 +85,12 @@ def steadiness_section(blocks: pd.DataFrame) -> list[str]:
              "whole block (ramp-up and the cancelled tail included).", "",
              _table(["concurrency", *variants], rows)]  # fmt: skip
     if noise is not None:
+        by_level = {int(conc): un.block_noise(c[c.concurrency == conc]) for conc in sorted(c.concurrency.unique())}
+        levels = ", ".join(f"{conc}: {x:.3f}" for conc, x in by_level.items() if x is not None)
         lines += ["", f"Noise: one block's ratio deviates from its cell's mean by {noise:.3f} (relative standard "
-                      "deviation, pooled over every cell); the intervals below are drawn from those deviations, a turn at a "
-                      "time, so what a turn does to every variant alike cancels where two are compared."]  # fmt: skip
+                      f"deviation, pooled over every cell); by concurrency, {levels}. The intervals below are drawn from "
+                      "those deviations, each level at its own size (shrunk toward the pooled one), a turn at a time, so "
+                      "what a turn does to every variant alike cancels where two are compared."]  # fmt: skip
     return lines
 
 

@@ -11,10 +11,16 @@ measured without a baseline beside it (bench.side_by_side false) decides on raw 
 Replicates are few, 3 by default, and a bootstrap over 3 values cannot see past them: the median
 of 3 draws from 3 values never leaves their range. So the noise is pooled: each replicate's
 deviation from its cell's mean (relative, scaled by sqrt(n / (n - 1))) is pooled over every
-level of the sweep, since they ran on the same host in the same way, and each cell is redrawn as
-its median times (1 + pooled deviations), one per replicate. A turn's deviations are drawn as one
-row, every variant's together: a turn's no-spec block and its requests' acceptance move every
-variant of that turn alike, and drawn together they cancel where two variants are compared. The statistic is the
+level of the sweep, and each cell is redrawn as its median times (1 + pooled deviations), one
+per replicate. The pool gives the shape of the noise; its size is each level's own. A GPU server
+at c = 1 repeats to a few percent while the same server at c = 128 moves by 10-20% from block
+to block, and one size for every level let the loud levels hide a gain that every block of a
+quiet level showed. So each level's deviations are divided by that level's spread before they
+are pooled, and multiplied by it when they are drawn; a level's spread is its own, shrunk toward
+the sweep's by `PRIOR_DOF` degrees of freedom, since a level has few blocks. A turn's deviations
+are drawn as one row, every variant's together: a turn's no-spec block and its requests'
+acceptance move every variant of that turn alike, and drawn together they cancel where two
+variants are compared. The statistic is the
 median over replicates, as the point estimate is. The redraws center on the median, not the mean:
 one slow block pulls a mean of 3 far enough that its interval would miss the median it stands
 for. With a single replicate there are no deviations to pool, and the requests are resampled
@@ -48,6 +54,7 @@ INTERVAL = (5.0, 95.0)
 SURE = 0.95  # share of draws for "pays" (and 1 - SURE for "loses")
 TIE = 0.10  # share of draws in which a gate reaches the best one's envelope efficiency
 SAME_DECISIONS = 0.02  # shares of decode steps speculated this close count as the same decisions
+PRIOR_DOF = 4  # the weight, in degrees of freedom, of the sweep's spread in each level's own
 
 
 def replicates(blocks: pd.DataFrame) -> pd.DataFrame:
@@ -76,6 +83,27 @@ def block_noise(blocks: pd.DataFrame) -> float | None:
         if len(x) > 1 and not np.allclose(x, 1.0):
             devs.append((x / x.mean() - 1) * np.sqrt(len(x) / (len(x) - 1)))
     return float(np.sqrt(np.mean(np.concatenate(devs) ** 2))) if devs else None
+
+
+def level_spread(devs: pd.DataFrame, prior_dof: float = PRIOR_DOF) -> dict:
+    """Per level (the index's first level): (its own relative sd, that sd shrunk toward the sweep's).
+
+    `devs` holds each replicate's relative deviation from its cell's mean, rows by (level, turn), a
+    column per variant. Columns that never deviate (the switched sweep's no-spec, 1 by construction)
+    carry no noise and are left out. A level's own variance has (turns - 1) x variants degrees of
+    freedom; `prior_dof` more come from the variance of every level together."""
+    live = devs.loc[:, ~np.isclose(devs.fillna(0), 0).all(axis=0)]
+    if live.shape[1] == 0:
+        return {c: (0.0, 0.0) for c in devs.index.get_level_values(0).unique()}
+    sweep = float(np.nanmean(live.to_numpy() ** 2))
+    out = {}
+    for c, g in live.groupby(level=0):
+        own, dof = float(np.nanmean(g.to_numpy() ** 2)), (len(g) - 1) * g.shape[1]
+        # shrunk on a log scale: a variance estimate errs by a factor, and the loud levels must not set the
+        # size of a quiet one (on the variance itself the sweep's term dominates whatever the level shows)
+        log_var = (dof * np.log(max(own, 1e-12)) + prior_dof * np.log(max(sweep, 1e-12))) / max(dof + prior_dof, 1e-12)
+        out[c] = (np.sqrt(own), float(np.exp(log_var / 2)))
+    return out
 
 
 def aggregate_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
@@ -110,9 +138,12 @@ def bootstrap_levels(rounds: pd.DataFrame, records: pd.DataFrame, draws: int = D
         # comparison between variants sees only what differs within a turn. Rows are pooled over levels, each
         # relative to its cell's mean and scaled by sqrt(n / (n - 1)) for the mean they were taken from.
         n = turns.groupby(level=0).transform("size").to_numpy()[:, None]
-        pooled = ((turns / turns.groupby(level=0).transform("mean") - 1) * np.sqrt(n / (n - 1))).to_numpy()
+        devs = ((turns / turns.groupby(level=0).transform("mean") - 1) * np.sqrt(n / (n - 1)))
+        spread = level_spread(devs)
+        standard = devs.div(devs.index.get_level_values(0).map(lambda c: spread[c][0]).to_numpy(), axis=0)
+        pooled = standard[np.isfinite(standard).all(axis=1)].to_numpy()
         for c, g in turns.groupby(level=0):
-            rows = pooled[rng.integers(0, len(pooled), size=(draws, len(g)))]  # [draws, replicates, variants]
+            rows = pooled[rng.integers(0, len(pooled), size=(draws, len(g)))] * spread[c][1]  # [draws, replicates, variants]
             drawn = np.median(g.median().to_numpy() * (1 + rows), axis=1)
             out.update({(v, int(c)): drawn[:, j] for j, v in enumerate(turns.columns)})
         return out

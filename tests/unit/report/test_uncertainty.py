@@ -10,18 +10,21 @@ from specgate.report import uncertainty as un
 LEVELS = (1, 2, 4, 8)
 
 
-def synthetic(truth: dict[str, list[float]], noise: float, rounds: int = 3, requests: int = 12, seed: int = 0,
+def synthetic(truth: dict[str, list[float]], noise: float | list[float], rounds: int = 3, requests: int = 12, seed: int = 0,
               turn_noise: float = 0.0, shares: dict[str, list[float]] | None = None):
     """(rounds, records) as the bench jobs write them: truth[variant][i] is the throughput at LEVELS[i].
     `turn_noise` is what a turn does to every variant alike beside its no-spec block (that block's own
     noise, the turn's acceptance): one factor per level and round, shared by all but no-spec. `shares`
-    gives a gate's share of decode steps speculated at each level, as the servers count them."""
+    gives a gate's share of decode steps speculated at each level, as the servers count them. A list of
+    noises gives each level its own."""
     rng = np.random.default_rng(seed)
+    noises = list(noise) if isinstance(noise, list) else [noise] * len(LEVELS)
     turn = 1 + turn_noise * rng.standard_normal((len(LEVELS), rounds))
     rows, records = [], []
     for v, thr in truth.items():
         disable_at = int(v.split("_")[1]) if v.startswith("gate_") else np.nan
         for i, (c, t) in enumerate(zip(LEVELS, thr, strict=True)):
+            noise = noises[i]
             for r in range(rounds):
                 measured = t * (1 + noise * rng.standard_normal()) * (1 if v == "nospec" else turn[i, r])
                 rows.append({"variant": v, "concurrency": c, "round": r, "output_throughput": measured, "completed": requests,
@@ -85,10 +88,12 @@ def test_what_a_turn_does_to_every_variant_alike_does_not_hide_a_difference_betw
     # more than the 1% that separates one variant from another within a turn. gate_4 gives up 10% at
     # c = 2 in every turn: drawn a turn at a time, the comparison sees the 10% and not the turn's noise.
     # (Drawn a cell at a time, the two are within noise.)
+    # Each level's noise is sized from its own 3 turns, so in a sweep where one level's turns happen to spread
+    # far, both gates' envelopes can fall to that level, where they ran the same: one seed in ten may tie them.
     truth = {"nospec": NOSPEC, "always": ALWAYS, "gate_4": [150, 207, 360, 480], "gate_8": [150, 230, 360, 480]}
-    for seed in range(10):
-        d, _ = decide(truth, noise=0.01, turn_noise=0.10, seed=seed)
-        assert d.best == d.pick == "gate_8" and d.within_noise == ["gate_8"], (seed, d.envelope)
+    picks = [decide(truth, noise=0.01, turn_noise=0.10, seed=seed)[0] for seed in range(10)]
+    assert all(d.best == "gate_8" for d in picks)
+    assert sum(d.pick == "gate_8" and d.within_noise == ["gate_8"] for d in picks) >= 9, [d.within_noise for d in picks]
 
 
 def test_gates_are_compared_only_where_they_decided_apart():
@@ -109,6 +114,15 @@ def test_gates_are_compared_only_where_they_decided_apart():
     truth["gate_4"] = [150, 230, 250, 340]
     d, _ = decide(truth, noise=0.01, shares=shares)
     assert d.within_noise == ["gate_8"] and d.pick == "gate_8", d.envelope
+
+
+def test_a_quiet_level_keeps_its_gain_beside_loud_ones():
+    # every block at c = 1 shows +12% within 1%; c = 4 and 8 move by 20% from block to block. One noise size for
+    # every level would bury c = 1's gain in c = 8's spread.
+    truth = {"nospec": NOSPEC, "always": [112, 190, 300, 300], "gate_4": [112, 190, 300, 400]}
+    for seed in range(3):
+        d, _ = decide(truth, noise=[0.01, 0.01, 0.2, 0.2], seed=seed)
+        assert d.pays[:1] == [1], (seed, d.pays)
 
 
 def test_always_on_never_paying_says_serve_without_speculation():
