@@ -393,7 +393,7 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
                 f"it at {t} running requests ({pick}), which {keeps}. With the drafter's measured accept length, "
                 f"{where}. {noise}{choice} For comparison, {pred}.")  # fmt: skip
     if decision.verdict == "no loss":
-        return (f"**Speculation paid and lost beyond noise at no measured load, up to concurrency {hi}: gate it at {t} "
+        return (f"**Speculation paid beyond noise at c = {', '.join(map(str, decision.pays))} and lost at no measured load, up to concurrency {hi}: gate it at {t} "
                 f"running requests ({pick}).** The sweep stopped below the load where speculation stops paying; sweep "
                 f"higher concurrency to place the threshold there. With the drafter's measured accept length, {where}. "
                 f"{noise} Gated at {t}, the server {keeps}.{choice} For comparison, {pred}.")  # fmt: skip

@@ -247,5 +247,5 @@ def test_a_sweep_that_never_reaches_the_loss_picks_the_highest_tied_threshold():
     assert d.verdict == "no loss" and d.pays == [1, 2] and d.loses == []
     assert d.within_noise == ["gate_4", "gate_8"] and d.pick == "gate_8"
     text = rationale(levels, d, cm.fit(levels)[0])
-    assert "lost beyond noise at no measured load, up to concurrency 8: gate it at 8" in text
+    assert "paid beyond noise at c = 1, 2 and lost at no measured load, up to concurrency 8: gate it at 8" in text
     assert "picks the highest threshold" in text
