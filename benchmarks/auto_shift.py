@@ -84,8 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--attention-backend", help="SGLang")
     p.add_argument("--extra-args", default="", help='more SGLang server flags, e.g. --extra-args="--sampling-backend pytorch"')
     p.add_argument("--ready-timeout", type=float, default=900)
-    p.add_argument("--work-dir", default="auto_shift_work")
-    p.add_argument("--out", default="auto_shift.md")
+    p.add_argument("--work-dir", default="results/auto_shift")
+    p.add_argument("--out", help="also write the page here")
     return p.parse_args(argv)
 
 
@@ -254,7 +254,8 @@ def main(argv=None) -> int:
               "| t | threshold | tau | probes | on |", "|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {g['t']} | {g['threshold'] if g['threshold'] is not None else 'none'} | {g['tau']} | {g['probes']} | "
               f"{g['gate_on']} |" for g in result["auto"]["gate"]]  # fmt: skip
-    Path(a.out).write_text("\n".join(lines) + "\n")
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
     (work / "auto_shift.json").write_text(json.dumps(result, indent=1))
     print("\n".join(lines))
     return 0
