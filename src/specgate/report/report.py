@@ -393,8 +393,9 @@ def rationale(summary: pd.DataFrame, decision: un.Decision, model: cm.CostModel)
                 f"it at {t} running requests ({pick}), which {keeps}. With the drafter's measured accept length, "
                 f"{where}. {noise}{choice} For comparison, {pred}.")  # fmt: skip
     if decision.verdict == "no loss":
-        return (f"**Speculation paid beyond noise at c = {', '.join(map(str, decision.pays))} and lost at no measured load, up to concurrency {hi}: gate it at {t} "
-                f"running requests ({pick}).** The sweep stopped below the load where speculation stops paying; sweep "
+        paid = ", ".join(map(str, decision.pays))
+        return (f"**Speculation paid beyond noise at c = {paid} and lost at no measured load, up to concurrency {hi}: "
+                f"gate it at {t} running requests ({pick}).** The sweep stopped below the load where speculation stops paying; sweep "
                 f"higher concurrency to place the threshold there. With the drafter's measured accept length, {where}. "
                 f"{noise} Gated at {t}, the server {keeps}.{choice} For comparison, {pred}.")  # fmt: skip
     return (f"**Stop speculating at {t} running requests ({pick}).** With the drafter's measured accept length, {where}. "

@@ -142,6 +142,8 @@ def bootstrap_levels(rounds: pd.DataFrame, records: pd.DataFrame, draws: int = D
         spread = level_spread(devs)
         standard = devs.div(devs.index.get_level_values(0).map(lambda c: spread[c][0]).to_numpy(), axis=0)
         pooled = standard[np.isfinite(standard).all(axis=1)].to_numpy()
+        if not len(pooled):  # no block deviated from its cell at any level: nothing to redraw
+            pooled = np.zeros((1, turns.shape[1]))
         for c, g in turns.groupby(level=0):
             rows = pooled[rng.integers(0, len(pooled), size=(draws, len(g)))] * spread[c][1]  # [draws, replicates, variants]
             drawn = np.median(g.median().to_numpy() * (1 + rows), axis=1)

@@ -249,3 +249,13 @@ def test_a_sweep_that_never_reaches_the_loss_picks_the_highest_tied_threshold():
     text = rationale(levels, d, cm.fit(levels)[0])
     assert "paid beyond noise at c = 1, 2 and lost at no measured load, up to concurrency 8: gate it at 8" in text
     assert "picks the highest threshold" in text
+
+
+def test_blocks_that_never_deviate_draw_no_noise():
+    # every block of every cell the same: no level has a spread to draw from, and the draws are the cells
+    rounds = pd.DataFrame([{"variant": v, "concurrency": c, "round": r, "output_throughput": 100.0 * c}
+                           for c in (1, 2) for r in range(3) for v in ("nospec", "always")])  # fmt: skip
+    empty = pd.DataFrame(columns=["variant", "concurrency", "round", "output_tokens", "e2e_s", "error"])
+    boot = un.bootstrap_levels(rounds, empty)
+    assert {k: (float(v.min()), float(v.max())) for k, v in boot.items()} == {
+        (v, c): (100.0 * c, 100.0 * c) for c in (1, 2) for v in ("nospec", "always")}
