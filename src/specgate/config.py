@@ -118,6 +118,8 @@ def _semantic_checks(config: dict) -> list[str]:
             errors.append(f"config key 'bench.hysteresis[{i}]': enable_at {enable_at} must be below disable_at {disable_at}")
     if bench["steps0_thresholds"] and config["serve"]["engine"] != "sglang":
         errors.append("config key 'bench.steps0_thresholds': SGLang's 0-step path exists only with serve.engine sglang")
+    if bench["sglang_adaptive"] and config["serve"]["engine"] != "sglang":
+        errors.append("config key 'bench.sglang_adaptive': SGLang's adaptive speculation exists only with serve.engine sglang")
     if bench["auto"] and config["serve"]["engine"] == "sglang" and config["serve"]["tp"] > 1:
         errors.append("config key 'bench.auto': the auto gate needs serve.tp 1 (each tensor-parallel rank would "
                       "time its own steps and decide alone)")

@@ -90,6 +90,8 @@ def test_all_data_and_all_turns_are_valid(default):
         (lambda c: c["vocab"].update(draft_vocab_size=0), "config key 'vocab.draft_vocab_size': 0 is less than the minimum"),
         (lambda c: (c["serve"].update(engine="sglang", tp=2), c["bench"].update(auto=True)),
          "config key 'bench.auto': the auto gate needs serve.tp 1"),
+        (lambda c: c["bench"].update(sglang_adaptive=True),
+         "config key 'bench.sglang_adaptive': SGLang's adaptive speculation exists only with serve.engine sglang"),
         (lambda c: c["data"]["regenerate"].update(replicas=4),
          "config key 'data.regenerate.replicas': copies of greedy replies are identical"),
         (lambda c: c["data"]["sources"][0].update(train="most"), "config key 'data.sources[0].train': 'most' is not valid"),

@@ -361,6 +361,17 @@ def test_every_example_config_plans_the_whole_chain(tmp_path, example):
     assert {"capture", "train", "export", "acceptance"} <= set(counts)
 
 
+def test_sglangs_own_adaptive_speculation_is_a_job_of_its_own_beside_the_switched_sweep(tmp_path):
+    """It cannot be switched on the shared speculative server: the switched sweep keeps its one job (and its
+    turns, so adding the comparison reruns nothing already measured), and the comparison gets a second."""
+    cfg = with_local_target_dir(yaml.safe_load((REPO / "config/examples/h200-8bcost.yaml").read_text()), tmp_path)
+    cfg["bench"]["sglang_adaptive"] = True
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    out = snakemake(tmp_path, "-n")
+    assert planned_counts(out)["bench"] == 2
+    assert "results/bench/all/round0.csv" in out and "results/bench/sglang_adaptive/round0.csv" in out
+
+
 def _descendants(root: int) -> set[int]:
     parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -15,7 +15,7 @@ rule bench:
     benchmark:
         paths.stage_times("bench_{variant}.round{round}")
     wildcard_constraints:
-        variant="all|nospec|always|auto|gate_[0-9]+(_[0-9]+)?|steps0_[0-9]+",
+        variant="all|nospec|always|auto|sglang_adaptive|gate_[0-9]+(_[0-9]+)?|steps0_[0-9]+",
         round="[0-9]+",
     priority: round_priority
     conda:

@@ -135,10 +135,13 @@ def sweep_variants():
 
 
 def bench_jobs():
-    """The sweep's jobs per round: one for every variant (design paired), or one for all (switched)."""
-    from specgate.sweep.bench import SWITCHED
+    """The sweep's jobs per round: one for every variant (design paired), or one for all (switched) and
+    one for each variant that needs a server of its own (SGLang's own adaptive speculation)."""
+    from specgate.sweep.bench import SWITCHED, sweep_variants as variants
 
-    return [SWITCHED] if config["bench"]["design"] == "switched" else sweep_variants()
+    if config["bench"]["design"] != "switched":
+        return sweep_variants()
+    return [SWITCHED] + [v.name for v in variants(config["bench"]) if not v.switchable]
 
 
 def variant_params(wildcards):
@@ -149,7 +152,7 @@ def variant_params(wildcards):
     from specgate.sweep.bench import SWITCHED, sweep_variants, variant_by_name
 
     if wildcards.variant == SWITCHED:
-        return [canonical(asdict(v)) for v in sweep_variants(config["bench"])]
+        return [canonical(asdict(v)) for v in sweep_variants(config["bench"]) if v.switchable]
     return canonical(asdict(variant_by_name(wildcards.variant, config["bench"])))
 
 
@@ -159,7 +162,7 @@ def level_params():
     return {
         k: v
         for k, v in config["bench"].items()
-        if k not in ("thresholds", "hysteresis", "steps0_thresholds", "auto", "rounds")
+        if k not in ("thresholds", "hysteresis", "steps0_thresholds", "auto", "sglang_adaptive", "rounds")
     }
 
 

@@ -31,8 +31,8 @@ def _save(fig, path: Path) -> None:
 
 
 def _variant_order(names) -> list[str]:
-    def key(n):  # nospec, always, auto, then the fixed thresholds in order
-        fixed = {"nospec": (0, 0), "always": (1, 0), "auto": (2, 0)}
+    def key(n):  # nospec, always, auto, SGLang's adaptive, then the fixed thresholds in order
+        fixed = {"nospec": (0, 0), "always": (1, 0), "auto": (2, 0), "sglang_adaptive": (2, 1)}
         return fixed.get(n) or (3, int(n.split("_")[1]))
 
     return sorted(names, key=key)

@@ -224,7 +224,8 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     if acceptance_unwidened:
         stages += ["widen", "acceptance_unwidened"]
     if sweep is not None:
-        jobs = ["all"] if config["bench"]["design"] == "switched" else sorted(sweep.variant.unique())
+        jobs = (["all"] + (["sglang_adaptive"] if "sglang_adaptive" in set(sweep.variant) else [])
+                if config["bench"]["design"] == "switched" else sorted(sweep.variant.unique()))
         stages += [f"bench_{v}.round{r}" for r in range(int(config["bench"]["rounds"])) for v in jobs]
     times = stage_times(Path(stage_times_dir), stages)
     if times:
@@ -332,6 +333,19 @@ def auto_gate_section(summary: pd.DataFrame, decision: un.Decision) -> str:
                       f"within {un.SAME_DECISIONS * 100:.0f} points of {best}'s: there the two made nearly the same "
                       f"decisions, and auto ÷ {best} ran {min(ratios):.3f}–{max(ratios):.3f}."]  # fmt: skip
     return "\n".join(lines)
+
+
+def sglang_adaptive_section(decision: un.Decision) -> str:
+    """The best fixed gate (and auto) against SGLang's adaptive speculation as it ships, on envelope efficiency."""
+    env = decision.envelope["sglang_adaptive"]
+    rows = [[v, "{:.3f} [{:.3f}–{:.3f}]".format(*decision.envelope[v]), "**{:.3f}** [{:.3f}–{:.3f}]".format(*r),
+             "beyond noise" if r[1] > 1 or r[2] < 1 else "within noise"] for v, r in decision.versus_sglang.items()]  # fmt: skip
+    return "\n".join([
+        "`sglang_adaptive` is SGLang's `--speculative-adaptive` with its default tiers: an accept-length EMA per "
+        "batch-size range picks the draft steps, down to 0 steps (which still run the verify path) at large batches; "
+        f"its server ran beside a no-spec server of its own. Its envelope efficiency: {env[0]:.3f} "
+        f"[{env[1]:.3f}–{env[2]:.3f}].", "",
+        _table(["variant", "envelope efficiency [90% interval]", "÷ sglang_adaptive's [90% interval]", ""], rows)])
 
 
 def _threshold(levels: pd.DataFrame, gate: str) -> int:
@@ -503,6 +517,8 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
         parts += ["", f"![envelope]({_rel(plots_dir, out)}/envelope.png)"]
     if "auto" in decision.envelope:
         parts += ["", "### The auto gate", "", auto_gate_section(summary, decision)]
+    if decision.versus_sglang:
+        parts += ["", "### Against SGLang's own adaptive speculation", "", sglang_adaptive_section(decision)]
     off = gate_off_comparison(summary)
     if off:
         parts += ["", "### Gate off: specgate's true-off gate against SGLang's own 0-step path", "",
@@ -552,4 +568,6 @@ def gate_mode_line(summary: pd.DataFrame) -> list[str]:
 
     return ["", "Gate mode that ran: " + "; ".join(f"{name(m)} ({', '.join(sorted(v))})" for m, v in modes.items())
             + (". `sglang-steps0` is SGLang's own adaptive 0-step path, which the launcher falls back to where "
-               "specgate's true-off gate does not fit the installed SGLang." if "sglang-steps0" in modes else ".")]  # fmt: skip
+               "specgate's true-off gate does not fit the installed SGLang." if "sglang-steps0" in modes else ".")
+            + (" `sglang-adaptive` is SGLang's own adaptive speculation with its default batch-size tiers, on a server "
+               "of its own beside a no-spec server of its own." if "sglang-adaptive" in modes else "")]  # fmt: skip

@@ -198,6 +198,7 @@ class Decision:
     pays: list[int] = field(default_factory=list)  # levels where always-on beats no-spec beyond noise (5%/L each)
     loses: list[int] = field(default_factory=list)  # levels where it loses beyond noise
     auto_ratio: list[float] | None = None  # auto's envelope ÷ the best gate's: [point, lo, hi], with auto swept
+    versus_sglang: dict[str, list[float]] = field(default_factory=dict)  # best gate, auto -> ÷ sglang_adaptive's
     rule: str = ("within noise: envelope efficiency reaches the best gate's in >= 10% of bootstrap draws; "
                  "counted only at levels where the two gates' shares of steps speculated differ by more than 2 points; "
                  "from that set, the lowest threshold")  # fmt: skip
@@ -273,4 +274,9 @@ def decide(levels: pd.DataFrame, boot: dict, tie: float = TIE, sure: float = SUR
             ratio_draws = eff_draws["auto"] / eff_draws[best]
             decision.auto_ratio = [decision.envelope["auto"][0] / decision.envelope[best][0],
                                    *(float(np.percentile(ratio_draws, q)) for q in INTERVAL)]
+        if "sglang_adaptive" in eff_draws:  # SGLang's own adaptive speculation, swept beside
+            for v in dict.fromkeys([best, "auto"] if "auto" in eff_draws else [best]):
+                ratio_draws = eff_draws[v] / eff_draws["sglang_adaptive"]
+                decision.versus_sglang[v] = [decision.envelope[v][0] / decision.envelope["sglang_adaptive"][0],
+                                             *(float(np.percentile(ratio_draws, q)) for q in INTERVAL)]
     return decision

@@ -50,7 +50,8 @@ SWITCHED = "all"  # the variant wildcard of the switched design's one job
 
 
 def sweep_variants(bench: dict) -> list[Variant]:
-    out = variants(bench["thresholds"], bench["hysteresis"], bench["steps0_thresholds"], bench["auto"])
+    out = variants(bench["thresholds"], bench["hysteresis"], bench["steps0_thresholds"], bench["auto"],
+                   bench.get("sglang_adaptive", False))
     for v in out:
         v.min_dwell_steps = bench["min_dwell_steps"]
     return out
@@ -190,7 +191,8 @@ def run_variant(variant: dict | list[dict], *, engine: str, serve: dict, bench: 
     summary.insert(6, "design", "switched" if switched else "paired" if bench["side_by_side"] else "serial")
     # the gate that ran: SGLang falls back to its own steps=0 path where true-off does not fit
     summary.insert(7, "gate_mode", [(gate_mode(by_name[n]) if engine == "sglang" else by_name[n].gate_mode)
-                                    if by_name[n].gated else None for n in summary.variant])  # fmt: skip
+                                    if by_name[n].gated or not by_name[n].switchable else None
+                                    for n in summary.variant])  # fmt: skip
     if engine == "sglang":  # which adapter the true-off gate ran through
         summary.insert(8, "gate_adapter", [true_off_adapter() if m == "true-off" else None for m in summary.gate_mode])
     write_jsonl(records_out, [{**r, "round": round} for r in records])

@@ -5,8 +5,10 @@ top-k 1, k draft steps and k + 1 draft tokens. A gated variant hands the gate se
 the specgate plugin through the SPECGATE_GATE environment variable. The true-off gate
 (`gate_T`) needs nothing else. The comparison variant `steps0_T` uses SGLang's own 0-step
 path: it turns on SGLang's adaptive speculation with a config that lists both step counts
-(0 and k), so CUDA graphs are captured for each. `--max-running-requests` is always explicit: with
-EAGLE, SGLang otherwise lowers it to 48.
+(0 and k), so CUDA graphs are captured for each. The comparison variant `sglang_adaptive` is SGLang's
+own adaptive speculation as it ships (`--speculative-adaptive` with its default batch-size tiers), with
+no specgate gate. `--max-running-requests` is always explicit: with EAGLE, SGLang otherwise lowers it
+to 48.
 
 On an SGLang that the true-off gate does not fit (no adapter's contract matches its internals,
 `specgate.sglang.trueoff.contract_mismatch`), a true-off variant runs SGLang's own 0-step path
@@ -35,25 +37,32 @@ log = logging.getLogger(__name__)
 class Variant:
     """One server configuration of the sweep."""
 
-    name: str  # nospec | always | gate_T | gate_T_E | steps0_T | auto
+    name: str  # nospec | always | gate_T | gate_T_E | steps0_T | auto | sglang_adaptive
     speculative: bool
     disable_at: int | None = None
     enable_at: int | None = None
     min_dwell_steps: int = 0
-    gate_mode: str = "true-off"  # or "sglang-steps0": SGLang's adaptive 0-step tier
+    gate_mode: str = "true-off"  # or "sglang-steps0": SGLang's adaptive 0-step tier; "sglang-adaptive": SGLang's own
     auto: bool = False  # the auto gate: no threshold (specgate.gate.AutoGate)
 
     @property
     def gated(self) -> bool:
         return self.speculative and (self.disable_at is not None or self.auto)
 
+    @property
+    def switchable(self) -> bool:
+        """Whether the switched design's speculative server can run it: SGLang's own adaptive speculation
+        needs a server of its own."""
+        return self.gate_mode != "sglang-adaptive"
 
-def variants(thresholds: list[int], hysteresis: list[list[int]] | None = None,
-             steps0_thresholds: list[int] | None = None, auto: bool = False) -> list[Variant]:  # fmt: skip
+
+def variants(thresholds: list[int], hysteresis: list[list[int]] | None = None, steps0_thresholds: list[int] | None = None,
+             auto: bool = False, sglang_adaptive: bool = False) -> list[Variant]:  # fmt: skip
     out = [Variant("nospec", False), Variant("always", True)] + ([Variant("auto", True, auto=True)] if auto else [])
     out += [Variant(f"gate_{t}", True, t) for t in thresholds]
     out += [Variant(f"gate_{d}_{e}", True, d, e) for d, e in hysteresis or []]
     out += [Variant(f"steps0_{t}", True, t, gate_mode="sglang-steps0") for t in steps0_thresholds or []]
+    out += [Variant("sglang_adaptive", True, gate_mode="sglang-adaptive")] if sglang_adaptive else []
     return out
 
 
@@ -118,6 +127,8 @@ def true_off_adapter() -> str | None:
 
 def gate_mode(v: Variant) -> str | None:
     """The gate mode a variant's SGLang server runs: its own, or sglang-steps0 where true-off does not fit."""
+    if v.gate_mode == "sglang-adaptive":
+        return v.gate_mode
     if not v.gated:
         return None
     return "sglang-steps0" if v.gate_mode == "true-off" and true_off_unavailable() else v.gate_mode
@@ -142,6 +153,8 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
         cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s.draft),
                 "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
+    if v.gate_mode == "sglang-adaptive":  # SGLang's default tiers: no config file, no specgate gate
+        return cmd + ["--speculative-adaptive"] + list(s.extra_args), env
     if control is not None:
         if gate_mode(Variant("switched", True, 1)) != "true-off":
             raise ValueError("bench.design switched: switching the gate at run time needs specgate's true-off gate, "
@@ -173,7 +186,7 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
 
 
 def reference_command(s: ServeSettings, v: Variant, port: int, control: str | None = None) -> tuple[list[str], dict]:
-    if v.gate_mode != "true-off":
+    if v.gate_mode != "true-off":  # steps0_T and sglang_adaptive are SGLang's; the config check says so first
         raise ValueError(f"variant {v.name}: the reference engine's gate is always a true off, not {v.gate_mode}")
     cmd = [sys.executable, "-m", "specgate.cli", "serve", "--target", s.target, "--port", str(port),
            "--max-running", str(s.max_running), "--max-len", str(s.max_len), "--device", s.device, "--dtype", s.dtype]  # fmt: skip

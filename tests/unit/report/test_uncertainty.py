@@ -259,3 +259,24 @@ def test_blocks_that_never_deviate_draw_no_noise():
     boot = un.bootstrap_levels(rounds, empty)
     assert {k: (float(v.min()), float(v.max())) for k, v in boot.items()} == {
         (v, c): (100.0 * c, 100.0 * c) for c in (1, 2) for v in ("nospec", "always")}
+
+
+def test_the_best_gate_and_auto_are_compared_with_sglangs_own_adaptive_speculation():
+    from specgate.report.report import sglang_adaptive_section
+
+    # SGLang's adaptive tiers keep most of always-on's gain at 1 and 2 but run the verify path at 0 steps above:
+    # well below no-spec at 4 and 8. gate_4 is the envelope; auto a little below it.
+    truth = {"nospec": NOSPEC, "always": ALWAYS, "gate_4": [150, 230, 300, 400], "auto": [148, 226, 296, 395],
+             "sglang_adaptive": [146, 222, 250, 300]}  # fmt: skip
+    d, _ = decide(truth, noise=0.01)
+    assert d.pick == "gate_4" and "sglang_adaptive" not in d.within_noise  # never a gate to pick
+    assert set(d.versus_sglang) == {"gate_4", "auto"}
+    point, lo, hi = d.versus_sglang["gate_4"]
+    assert point == pytest.approx(d.envelope["gate_4"][0] / d.envelope["sglang_adaptive"][0]) and 1 < lo < point < hi
+    assert point == pytest.approx(1 / 0.75, abs=0.04)  # 300 / 400 at c = 8, the adaptive server's worst level
+    text = sglang_adaptive_section(d)
+    assert f"| gate_4 | {d.envelope['gate_4'][0]:.3f}" in text and f"**{point:.3f}**" in text and "beyond noise" in text
+    # the same server, adaptive within noise of the gate: no claim beyond it
+    truth["sglang_adaptive"] = truth["gate_4"]
+    d, _ = decide(truth, noise=0.03)
+    assert "within noise" in sglang_adaptive_section(d).split("| gate_4 |")[1].splitlines()[0]

@@ -3,6 +3,8 @@ import json
 import pytest
 
 from specgate.gate import GateConfig
+from conftest import sglang_dirs
+
 from specgate.sweep.launcher import ServeSettings, Variant, reference_command, sglang_command, variants
 
 
@@ -120,3 +122,38 @@ def test_the_launch_line_is_the_sweeps_command_with_only_the_variables_it_sets(t
     assert ref["argv"][:2] == ["specgate", "serve"] and _flag(ref["argv"], "--disable-at") == "8"
     plain = launch_line("sglang", s, Variant("nospec", False), tmp_path)
     assert "SPECGATE_GATE" not in plain["env"] and "--speculative-algorithm" not in plain["argv"]
+
+
+def test_sglang_own_adaptive_speculation_is_its_default_tiers_on_a_server_of_its_own(tmp_path):
+    from specgate.sweep.launcher import gate_mode
+
+    vs = variants([8], sglang_adaptive=True)
+    adaptive = vs[-1]
+    assert [v.name for v in vs] == ["nospec", "always", "gate_8", "sglang_adaptive"]
+    assert not adaptive.gated and not adaptive.switchable and gate_mode(adaptive) == "sglang-adaptive"
+    assert all(v.switchable for v in vs[:-1])
+    cmd, env = sglang_command(ServeSettings("/m/target", "/m/drafter", extra_args=["--x"]), adaptive, 1, tmp_path)
+    assert "--speculative-adaptive" in cmd and "--speculative-adaptive-config" not in cmd  # SGLang's own tiers
+    assert _flag(cmd, "--speculative-num-steps") == "3" and cmd[-1] == "--x"
+    assert "SPECGATE_GATE" not in env  # no specgate gate: SGLang alone decides
+    with pytest.raises(ValueError, match="always a true off"):
+        reference_command(ServeSettings("/m/target", "/m/drafter"), adaptive, 1)
+
+
+@pytest.mark.parametrize("sglang_dir", sglang_dirs() or [pytest.param(None, marks=pytest.mark.skip("no SGLang source"))])
+def test_every_sglang_release_has_the_adaptive_flag_and_default_tiers_that_end_at_0_steps(sglang_dir):
+    """The variant's flag is a ServerArgs field of the release, and its default tiers (no config file) stop
+    drafting at the largest batches: what the comparison with the gate is about."""
+    import ast
+    from pathlib import Path
+
+    package = Path(sglang_dir) / "sglang"
+    # ServerArgs' fields: in the class itself, or (0.5.23) in the argument groups it is built from
+    fields = {n.target.id for path in [package / "srt/server_args.py", *(package / "srt/arg_groups/fields").glob("*.py")]
+              for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}  # fmt: skip
+    assert "speculative_adaptive" in fields
+    module = ast.parse((package / "srt/speculative/adaptive_spec_params.py").read_text())
+    node = next(n for n in module.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                and "DEFAULT_ADAPTIVE_CONFIG" in ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target))  # fmt: skip
+    tiers = ast.literal_eval(node.value)
+    assert tiers[max(tiers, key=int)]["candidate_steps"] == [0] and 3 in tiers["1"]["candidate_steps"]
