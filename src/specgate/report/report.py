@@ -342,7 +342,8 @@ def sglang_adaptive_section(decision: un.Decision) -> str:
              "beyond noise" if r[1] > 1 or r[2] < 1 else "within noise"] for v, r in decision.versus_sglang.items()]  # fmt: skip
     return "\n".join([
         "`sglang_adaptive` is SGLang's `--speculative-adaptive` with its default tiers: an accept-length EMA per "
-        "batch-size range picks the draft steps, down to 0 steps (which still run the verify path) at large batches; "
+        "batch-size range picks the draft steps, up to 7 at small batches and down to 0 (which still run the verify "
+        "path) at large ones; "
         f"its server ran beside a no-spec server of its own. Its envelope efficiency: {env[0]:.3f} "
         f"[{env[1]:.3f}–{env[2]:.3f}].", "",
         _table(["variant", "envelope efficiency [90% interval]", "÷ sglang_adaptive's [90% interval]", ""], rows)])

@@ -7,7 +7,8 @@ the specgate plugin through the SPECGATE_GATE environment variable. The true-off
 path: it turns on SGLang's adaptive speculation with a config that lists both step counts
 (0 and k), so CUDA graphs are captured for each. The comparison variant `sglang_adaptive` is SGLang's
 own adaptive speculation as it ships (`--speculative-adaptive` with its default batch-size tiers), with
-no specgate gate. `--max-running-requests` is always explicit: with EAGLE, SGLang otherwise lowers it
+no specgate gate; its step flags are the tiers' largest (7 steps, 8 draft tokens), since SGLang sizes
+its draft buffers from them. `--max-running-requests` is always explicit: with EAGLE, SGLang otherwise lowers it
 to 48.
 
 On an SGLang that the true-off gate does not fit (no adapter's contract matches its internals,
@@ -31,6 +32,9 @@ from pathlib import Path
 from specgate.sglang.plugin import ENV as GATE_ENV
 
 log = logging.getLogger(__name__)
+
+
+ADAPTIVE_MAX_STEPS = 7  # the most draft steps SGLang's default adaptive tiers pick (0.5.15-0.5.23: [1, 3, 7] or [1, 3, 5, 7])
 
 
 @dataclass
@@ -154,6 +158,9 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
                 "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
     if v.gate_mode == "sglang-adaptive":  # SGLang's default tiers: no config file, no specgate gate
+        # they reach ADAPTIVE_MAX_STEPS draft steps, and SGLang sizes its draft buffers from these two flags
+        steps = cmd.index("--speculative-num-steps")
+        cmd[steps + 1], cmd[steps + 5] = str(ADAPTIVE_MAX_STEPS), str(ADAPTIVE_MAX_STEPS + 1)
         return cmd + ["--speculative-adaptive"] + list(s.extra_args), env
     if control is not None:
         if gate_mode(Variant("switched", True, 1)) != "true-off":

@@ -5,7 +5,7 @@ import pytest
 from specgate.gate import GateConfig
 from conftest import sglang_dirs
 
-from specgate.sweep.launcher import ServeSettings, Variant, reference_command, sglang_command, variants
+from specgate.sweep.launcher import ADAPTIVE_MAX_STEPS, ServeSettings, Variant, reference_command, sglang_command, variants
 
 
 def _flag(cmd, name):
@@ -134,7 +134,9 @@ def test_sglang_own_adaptive_speculation_is_its_default_tiers_on_a_server_of_its
     assert all(v.switchable for v in vs[:-1])
     cmd, env = sglang_command(ServeSettings("/m/target", "/m/drafter", extra_args=["--x"]), adaptive, 1, tmp_path)
     assert "--speculative-adaptive" in cmd and "--speculative-adaptive-config" not in cmd  # SGLang's own tiers
-    assert _flag(cmd, "--speculative-num-steps") == "3" and cmd[-1] == "--x"
+    # SGLang sizes its draft buffers from these flags, and its tiers reach 7 steps (it failed to start with 3 / 4)
+    assert (_flag(cmd, "--speculative-num-steps"), _flag(cmd, "--speculative-num-draft-tokens")) == ("7", "8")
+    assert cmd[-1] == "--x"
     assert "SPECGATE_GATE" not in env  # no specgate gate: SGLang alone decides
     with pytest.raises(ValueError, match="always a true off"):
         reference_command(ServeSettings("/m/target", "/m/drafter"), adaptive, 1)
@@ -157,3 +159,4 @@ def test_every_sglang_release_has_the_adaptive_flag_and_default_tiers_that_end_a
                 and "DEFAULT_ADAPTIVE_CONFIG" in ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target))  # fmt: skip
     tiers = ast.literal_eval(node.value)
     assert tiers[max(tiers, key=int)]["candidate_steps"] == [0] and 3 in tiers["1"]["candidate_steps"]
+    assert max(max(t["candidate_steps"]) for t in tiers.values()) == ADAPTIVE_MAX_STEPS  # what the launcher sizes for
