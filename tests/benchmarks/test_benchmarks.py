@@ -15,7 +15,8 @@ from specgate.gate import Gate, GateConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe",
-           "reproducibility", "auto_shift", "trueoff_proof", "auto_gate_model", "sweep_noise", "decode_lines", "train_memory"]
+           "reproducibility", "auto_shift", "trueoff_proof", "auto_gate_model", "sweep_noise", "decode_lines", "train_memory",
+           "auto_stale_tau"]
 TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
 
