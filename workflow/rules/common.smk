@@ -136,7 +136,8 @@ def sweep_variants():
 
 def bench_jobs():
     """The sweep's jobs per round: one for every variant (design paired), or one for all (switched) and
-    one for each variant that needs a server of its own (SGLang's own adaptive speculation)."""
+    one for each variant that needs a server of its own (SGLang's own adaptive speculation).
+    """
     from specgate.sweep.bench import SWITCHED, sweep_variants as variants
 
     if config["bench"]["design"] != "switched":
@@ -152,7 +153,11 @@ def variant_params(wildcards):
     from specgate.sweep.bench import SWITCHED, sweep_variants, variant_by_name
 
     if wildcards.variant == SWITCHED:
-        return [canonical(asdict(v)) for v in sweep_variants(config["bench"]) if v.switchable]
+        return [
+            canonical(asdict(v))
+            for v in sweep_variants(config["bench"])
+            if v.switchable
+        ]
     return canonical(asdict(variant_by_name(wildcards.variant, config["bench"])))
 
 
@@ -162,7 +167,15 @@ def level_params():
     return {
         k: v
         for k, v in config["bench"].items()
-        if k not in ("thresholds", "hysteresis", "steps0_thresholds", "auto", "sglang_adaptive", "rounds")
+        if k
+        not in (
+            "thresholds",
+            "hysteresis",
+            "steps0_thresholds",
+            "auto",
+            "sglang_adaptive",
+            "rounds",
+        )
     }
 
 
