@@ -8,8 +8,8 @@ path: it turns on SGLang's adaptive speculation with a config that lists both st
 (0 and k), so CUDA graphs are captured for each. The comparison variant `sglang_adaptive` is SGLang's
 own adaptive speculation as it ships (`--speculative-adaptive` with its default batch-size tiers), with
 no specgate gate; its step flags are the tiers' largest (7 steps, 8 draft tokens), since SGLang sizes
-its draft buffers from them. `--max-running-requests` is always explicit: with EAGLE, SGLang otherwise lowers it
-to 48.
+its draft buffers from them. `--max-running-requests` is always explicit: with EAGLE, SGLang otherwise
+lowers it to 48.
 
 On an SGLang that the true-off gate does not fit (no adapter's contract matches its internals,
 `specgate.sglang.trueoff.contract_mismatch`), a true-off variant runs SGLang's own 0-step path
@@ -154,13 +154,12 @@ def sglang_command(s: ServeSettings, v: Variant, port: int, work_dir: str | Path
         cmd += ["--attention-backend", s.attention_backend]
     env = dict(os.environ, **s.env)
     if v.speculative:
+        # SGLang's own adaptive tiers reach ADAPTIVE_MAX_STEPS, and it sizes its draft buffers from these flags
+        k = ADAPTIVE_MAX_STEPS if v.gate_mode == "sglang-adaptive" else s.num_steps
         cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s.draft),
-                "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", "1",
-                "--speculative-num-draft-tokens", str(s.num_steps + 1)]  # fmt: skip
+                "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", str(k + 1)]  # fmt: skip
     if v.gate_mode == "sglang-adaptive":  # SGLang's default tiers: no config file, no specgate gate
-        # they reach ADAPTIVE_MAX_STEPS draft steps, and SGLang sizes its draft buffers from these two flags
-        steps = cmd.index("--speculative-num-steps")
-        cmd[steps + 1], cmd[steps + 5] = str(ADAPTIVE_MAX_STEPS), str(ADAPTIVE_MAX_STEPS + 1)
         return cmd + ["--speculative-adaptive"] + list(s.extra_args), env
     if control is not None:
         if gate_mode(Variant("switched", True, 1)) != "true-off":
