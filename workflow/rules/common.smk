@@ -138,11 +138,11 @@ def bench_jobs():
     """The sweep's jobs per round: one for every variant (design paired), or one for all (switched) and
     one for each variant that needs a server of its own (SGLang's own adaptive speculation).
     """
-    from specgate.sweep.bench import SWITCHED, sweep_variants as variants
+    from specgate.sweep.bench import switched_jobs
 
     if config["bench"]["design"] != "switched":
         return sweep_variants()
-    return [SWITCHED] + [v.name for v in variants(config["bench"]) if not v.switchable]
+    return switched_jobs(config["bench"])
 
 
 def variant_params(wildcards):

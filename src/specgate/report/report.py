@@ -224,8 +224,9 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     if acceptance_unwidened:
         stages += ["widen", "acceptance_unwidened"]
     if sweep is not None:
-        jobs = (["all"] + (["sglang_adaptive"] if "sglang_adaptive" in set(sweep.variant) else [])
-                if config["bench"]["design"] == "switched" else sorted(sweep.variant.unique()))
+        from specgate.sweep.bench import switched_jobs
+
+        jobs = switched_jobs(config["bench"]) if config["bench"]["design"] == "switched" else sorted(sweep.variant.unique())
         stages += [f"bench_{v}.round{r}" for r in range(int(config["bench"]["rounds"])) for v in jobs]
     times = stage_times(Path(stage_times_dir), stages)
     if times:

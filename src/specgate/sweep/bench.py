@@ -57,6 +57,12 @@ def sweep_variants(bench: dict) -> list[Variant]:
     return out
 
 
+def switched_jobs(bench: dict) -> list[str]:
+    """The switched design's jobs per round: one for all, and one for each variant that needs a server of its
+    own (SGLang's own adaptive speculation)."""
+    return [SWITCHED] + [v.name for v in sweep_variants(bench) if not v.switchable]
+
+
 def variant_by_name(name: str, bench: dict):
     for v in sweep_variants(bench):
         if v.name == name:
