@@ -2,7 +2,7 @@
 
 tau = tokens produced by verify steps / verify steps (accepted drafts + 1 bonus per step),
 which is what SGLang reports as accept length. Measured per eval source and per number of
-draft steps k, next to the training-time prediction tau_hat = 1 + sum_j prod_{i<=j} acc_i.
+draft steps k, next to the training-time prediction tau_hat (predicted_tau).
 """
 
 from __future__ import annotations
@@ -21,16 +21,18 @@ log = logging.getLogger(__name__)
 
 
 def predicted_tau(metrics_csv: str, k: int, last: int = 20) -> float | None:
-    """tau_hat for k drafts: from the per-step accuracies on the held-out sequences at the last evaluation
-    (train.heldout_sequences), else from those of the last `last` training steps."""
+    """tau_hat for k drafts: decoded over the held-out sequences at the last evaluation (train.heldout_sequences,
+    `heldout_tau_{k}`: what this stage measures, on training's held-out data), else 1 + sum_j prod_{i<=j} acc_i
+    from the per-step accuracies of the last `last` training steps."""
     with open(metrics_csv) as f:
         rows = list(csv.DictReader(f))
-    heldout = [r for r in rows if r.get(f"heldout_acc_{k - 1}")]
-    rows = heldout[-1:] if heldout else rows[-last:]
-    prefix = "heldout_acc_" if heldout else "acc_"
-    if not rows or f"{prefix}{k - 1}" not in rows[0]:
+    decoded = [r for r in rows if r.get(f"heldout_tau_{k}")]
+    if decoded:
+        return float(decoded[-1][f"heldout_tau_{k}"])
+    rows = rows[-last:]
+    if not rows or f"acc_{k - 1}" not in rows[0]:
         return None
-    acc = [sum(float(r[f"{prefix}{i}"]) for r in rows) / len(rows) for i in range(k)]
+    acc = [sum(float(r[f"acc_{i}"]) for r in rows) / len(rows) for i in range(k)]
     tau, run = 1.0, 1.0
     for a in acc:
         run *= a

@@ -208,8 +208,11 @@ def fused_soft_cross_entropy():
 
 
 def ttt_loss(drafter: Eagle3Drafter, embed: torch.nn.Embedding, target_head: torch.Tensor, batch: dict,
-             ttt_length: int, decay: float = 0.8) -> tuple[torch.Tensor, list[dict]]:  # fmt: skip
+             ttt_length: int, decay: float = 0.8, hits: list | None = None) -> tuple[torch.Tensor, list[dict]]:  # fmt: skip
     """Total loss and per-step stats {loss, correct, count} for one batch.
+
+    With `hits` (a list), each step's hits are appended to it as a [B, T] bool by anchor position, False
+    where the anchor is not in that step's loss: what a chain of drafts would accept, anchor by anchor.
 
     Pass target_head in the compute dtype (bf16 under bf16 autocast or a bf16 drafter) to save
     casting it once per batch. On a GPU, attention runs through flex_attention and the soft
@@ -235,6 +238,8 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.nn.Embedding, target_head: tor
         hit = logits.detach().argmax(-1) == target_draft_id[targets]
         total = total + decay**k * loss_k
         stats.append({"loss": loss_k.detach(), "correct": hit.sum(), "count": counts[k]})
+        if hits is not None:
+            hits.append(torch.zeros(b * t, dtype=torch.bool, device=ids.device).index_put_((rows[k],), hit).view(b, t))
     return total, stats
 
 
@@ -413,32 +418,70 @@ def heldout_split(n: int, wanted: int, seed: int) -> list[int]:
 
 @torch.no_grad()
 def heldout_stats(model, embed, target_head, data, heldout, rank_tokens, ttt_length, decay, accelerator, online,
-                  autocast) -> list[tuple[float, float]]:  # fmt: skip
-    """(correct, count) per TTT step over every held-out sequence, summed over the ranks."""
+                  autocast) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:  # fmt: skip
+    """Over every held-out sequence, summed over the ranks: (correct, count) per TTT step, and (tokens, verify
+    steps) of decoding its replies with 1..ttt_length drafts per step (decoded_path)."""
     batches = plan_batches([data.length(i) for i in heldout], rank_tokens)
     correct = torch.zeros(ttt_length, device=accelerator.device)
     count = torch.zeros(ttt_length, device=accelerator.device)
+    path = torch.zeros(ttt_length, 2, device=accelerator.device)
     for ids in batches[accelerator.process_index :: accelerator.num_processes]:
         batch = load_batch(data, [heldout[j] for j in ids], accelerator.device, online)
+        hits: list[torch.Tensor] = []
         with autocast:
-            _, stats = ttt_loss(model, embed, target_head, batch, ttt_length, decay)
+            _, stats = ttt_loss(model, embed, target_head, batch, ttt_length, decay, hits=hits)
         for k, s in enumerate(stats):
             correct[k] += s["correct"].float()
             count[k] += s["count"].float()
+        if hits:
+            path[: len(hits)] += torch.tensor(decoded_path(torch.stack(hits), batch["loss_mask"]), device=path.device)
     correct, count = accelerator.reduce(correct, "sum"), accelerator.reduce(count, "sum")
-    return list(zip(correct.tolist(), count.tolist(), strict=True))
+    path = accelerator.reduce(path, "sum")
+    return list(zip(correct.tolist(), count.tolist(), strict=True)), [tuple(p) for p in path.tolist()]
 
 
-def heldout_row(ttt_length: int, stats: list[tuple[float, float]] | None) -> dict:
-    """heldout_acc_k and heldout_tau_hat, blank on steps without an evaluation."""
+def decoded_path(hits: torch.Tensor, loss_mask: torch.Tensor) -> list[tuple[int, int]]:
+    """(tokens, verify steps) that greedy decoding with j = 1..k drafts per step takes over the replies, from
+    teacher-forced hits [k, B, T] (ttt_loss's): the step from anchor t (the target's state at t, token t + 1
+    known) keeps the leading hits of the drafts started at t and a bonus token, and the next step starts past
+    them. Each reply (a run of loss_mask) is decoded from its first token, which the prefill gives.
+
+    This is what the acceptance stage measures. The product of per-step accuracies reads higher: it counts
+    hits after a miss, and it weighs every reply position as a draft start, while decoding starts fewer
+    drafts inside the easy runs it jumps over."""
+    leading = hits.int().cumprod(0).cumsum(0).cpu()  # [j - 1, b, t]: leading hits among the first j drafts
+    mask = loss_mask.bool().cpu()
+    out = [[0, 0] for _ in range(hits.shape[0])]
+    for b in range(mask.shape[0]):
+        m = mask[b].tolist() + [False]
+        row = leading[:, b].tolist()
+        starts = [t for t in range(len(m) - 1) if m[t] and (t == 0 or not m[t - 1])]
+        ends = [t + 1 for t in range(len(m) - 1) if m[t] and not m[t + 1]]
+        for j, acc in enumerate(row):
+            for s, e in zip(starts, ends, strict=True):
+                t = max(s - 1, 0)
+                while t + 2 < e:  # the drafts started at t guess tokens t + 2 on
+                    made = min(acc[t] + 1, e - t - 2)
+                    out[j][0], out[j][1], t = out[j][0] + made, out[j][1] + 1, t + made
+    return [tuple(x) for x in out]
+
+
+def heldout_row(ttt_length: int, stats: tuple[list, list] | None) -> dict:
+    """heldout_acc_k, heldout_tau_hat (the product of the per-step accuracies) and heldout_tau_{j} (decoded
+    with j drafts per step, decoded_path), blank on steps without an evaluation."""
     if stats is None:
-        return {f"heldout_acc_{k}": "" for k in range(ttt_length)} | {"heldout_tau_hat": ""}
+        return ({f"heldout_acc_{k}": "" for k in range(ttt_length)} | {"heldout_tau_hat": ""}
+                | {f"heldout_tau_{j}": "" for j in range(1, ttt_length + 1)})  # fmt: skip
+    accuracies, path = stats
     row, tau, running = {}, 1.0, 1.0
-    for k, (correct, count) in enumerate(stats):
+    for k, (correct, count) in enumerate(accuracies):
         row[f"heldout_acc_{k}"] = correct / max(count, 1)
         running *= row[f"heldout_acc_{k}"]
         tau += running
-    return row | {"heldout_tau_hat": tau}
+    row["heldout_tau_hat"] = tau
+    for j, (tokens, steps) in enumerate(path, start=1):
+        row[f"heldout_tau_{j}"] = tokens / steps if steps else ""
+    return row
 
 
 def average_gradients(params: list[torch.Tensor], world: int) -> None:

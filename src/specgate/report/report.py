@@ -170,7 +170,7 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
     with open(acceptance) as f:
         acc_rows = list(csv.DictReader(f))
     parts.append(_table(["source", "k (draft steps)", "prompts", "verify steps", "τ measured",
-                         "τ̂ from training, held-out sequences" if config["train"].get("heldout_sequences") else
+                         "τ̂ from training, held-out replies decoded" if config["train"].get("heldout_sequences") else
                          "τ̂ from training, last steps"],
                         [[r["source"], r["num_steps"], r["prompts"], r["verify_steps"], r["tau"],
                           f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-"] for r in acc_rows]))  # fmt: skip

@@ -230,4 +230,25 @@ def test_heldout_sequences_give_tau_hat_at_each_evaluation_and_acceptance_reads_
     acc = [float(last[f"heldout_acc_{k}"]) for k in range(3)]
     assert 0 <= min(acc) and max(acc) <= 1
     assert float(last["heldout_tau_hat"]) == pytest.approx(1 + acc[0] + acc[0] * acc[1] + acc[0] * acc[1] * acc[2])
-    assert predicted_tau(str(tmp_path / "metrics.csv"), 2) == pytest.approx(1 + acc[0] + acc[0] * acc[1])
+    decoded = [float(last[f"heldout_tau_{j}"]) for j in (1, 2, 3)]
+    assert all(1 <= tau <= 1 + j for j, tau in zip((1, 2, 3), decoded, strict=True))
+    assert [int(r["step"]) for r in rows if r["heldout_tau_3"]] == evaluated
+    assert predicted_tau(str(tmp_path / "metrics.csv"), 2) == pytest.approx(decoded[1]), "acceptance reads the decoded tau"
+
+
+def test_the_decoded_path_keeps_leading_hits_and_jumps_past_them():
+    from specgate.pipeline.train import decoded_path
+
+    # one reply at positions 4..9: the prefill gives token 4, the first drafts start at anchor 3 (guessing 5 on)
+    mask = torch.zeros(1, 12, dtype=torch.bool)
+    mask[0, 4:10] = True
+    hits = torch.zeros(2, 1, 12, dtype=torch.bool)
+    hits[0, 0, 3:8] = True  # the first draft hits from anchors 3-7
+    hits[1, 0, 3] = True  # the second draft only from anchor 3
+    # one draft a step: anchor 3 keeps 1 + bonus, anchor 5 the same, anchor 7 has one token left (9)
+    # two drafts: anchor 3 keeps 2 + bonus, anchor 6 keeps 1 + bonus, and the reply is done
+    assert decoded_path(hits, mask) == [(5, 3), (5, 2)]
+    # a hit after a miss is not kept: anchor 3's second draft hits after its first missed, so anchor 3 keeps only
+    # the bonus; anchor 4 keeps 1 + bonus, anchor 6 has two tokens left: three steps (counted, it would be two)
+    hits[0, 0, 3], hits[1, 0, 3], hits[1, 0, 4], hits[1, 0, 5:8] = False, True, False, True
+    assert decoded_path(hits, mask)[1] == (5, 3)
