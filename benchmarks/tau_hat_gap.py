@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 import yaml
@@ -94,11 +95,14 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=8, help="sequences per teacher-forced pass")
     p.add_argument("--out")
     args = p.parse_args(argv)
+    r = args.results
+    needed = [f"{r}/target", f"{r}/drafter", f"{r}/data/eval.jsonl", f"{r}/tokens/train.safetensors", args.config]
+    if missing := [path for path in needed if not Path(path).exists()]:
+        sys.exit(f"tau_hat_gap: no {missing[0]}: run the workflow up to results/acceptance.csv first")
     cfg = yaml.safe_load(open(args.config))
     acc, train = cfg.get("acceptance", {}), cfg.get("train", {})
     prompts_per_source, max_new = acc.get("prompts_per_source", 32), acc.get("max_new_tokens", 96)
     device = pick_device(cfg.get("device", "auto"))
-    r = args.results
     t0 = time.perf_counter()
 
     from transformers import AutoTokenizer

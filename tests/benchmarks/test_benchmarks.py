@@ -16,7 +16,7 @@ from specgate.gate import Gate, GateConfig
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["capture_vs_forward", "train_mfu", "dp_scaling", "reference_engine", "acceptance_step", "drafter_recipe",
            "reproducibility", "auto_shift", "trueoff_proof", "auto_gate_model", "sweep_noise", "decode_lines", "train_memory",
-           "auto_stale_tau"]
+           "auto_stale_tau", "tau_hat_gap"]
 TINY = json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512))  # fmt: skip
 
@@ -153,6 +153,7 @@ def test_acceptance_step_at_batch_2(tmp_path):
         ("train_mfu", ["--specforge"], "--specforge needs the `specforge` package"),
         ("capture_vs_forward", ["--shape", TINY, "--tokens", "no/such/tokens.safetensors"], "no tokenized set at"),
         ("train_memory", ["--results", "no/such/results"], "run the workflow up to its capture first"),
+        ("tau_hat_gap", ["--results", "no/such/results", "--config", "config/config.yaml"], "run the workflow up to"),
     ],
 )
 def test_missing_prerequisites_are_one_line_errors(name, args, message):
