@@ -6,7 +6,7 @@
 Every row trains a drafter on the same conversations with the same seed and measures its
 acceptance length τ on the config's held-out eval prompts with specgate's decoder (greedy, the
 acceptance stage's code and settings). Each row changes one thing from the row above, so the
-table reads as a path from the previous recipe to the current default. The first rows use
+table reads as a path from a baseline recipe to the current default. The first rows use
 the target's training set as written; the last row trains on replies the target regenerated
 (the `regenerate` stage, with the config's settings).
 
@@ -40,7 +40,7 @@ PREVIOUS_DATA = dict(regenerated=False, mask_end_of_turn=False)
 
 # (what changes, train overrides, data overrides): cumulative, one change per row
 CHANGES = [
-    ("previous recipe", {}, {}),
+    ("baseline", {}, {}),
     ("random init (SpecForge's), not the copied target head", {"init": "random"}, {}),
     ("warm-up 20 steps, cosine floor 0.1 × lr", {"warmup_steps": 20, "min_lr_ratio": 0.1}, {}),
     ("TTT length = served k (3)", {"ttt_length": 3}, {}),

@@ -12,11 +12,11 @@ code path:
     loss.backward(); clip_grad_norm_(0.5); AdamW(betas 0.9/0.95).step(); scheduler.step(); zero_grad()
 
 Code (`--code`): `specgate` is specgate.pipeline.train.ttt_loss as it is (flex_attention on a
-GPU, one host sync per batch, the target head cast once); `before` is the ttt_loss that
-trained drafters before the fast path, kept below unchanged so that one run measures both, with the
-dense TTT attention it used (`ttt_attention_reference`: full [B, heads, T, T+k] scores per TTT step),
-one host sync per step, the head re-cast per chunk.
-Both call today's Eagle3Drafter, so `before` rows carry its later changes (fused RMSNorm).
+GPU, one host sync per batch, the target head cast once); `dense` is a reference ttt_loss with the
+same loss, stats and gradients, kept below so that one run measures both: dense TTT attention
+(`ttt_attention_reference`: full [B, heads, T, T+k] scores per TTT step), a second teacher matmul for the
+draft-vocabulary distribution, one host sync per step, the head re-cast per chunk.
+Both call the same Eagle3Drafter (fused RMSNorm).
 
 Precision (`--precision`): `autocast` is fp32 weights and
 target head under bf16 autocast (the train stage's `precision: autocast`); `bf16-master` (the train
@@ -46,10 +46,10 @@ layer on all N positions):
 MFU = model FLOPs / step time / peak. The peak is the datasheet's dense bf16 rate (989 TFLOP/s
 on an H100 or H200 SXM; `--peak-tflops` for other GPUs) and, in its own column, the rate of an
 8192^3 bf16 matmul measured in the same process. "Hardware TFLOP/s" adds what the hardware
-does beyond the model FLOPs: `before` computes the full T x T score matrix and masks it
+does beyond the model FLOPs: `dense` computes the full T x T score matrix and masks it
 (2x the causal attention), flex_attention (specgate, SpecForge) whole 128 x 128 blocks (the
 causal ones plus one block per query block for each later step's keys); the target side
-runs without gradients (the argmax over the full vocabulary, 2*N*H*V, and for `before` and
+runs without gradients (the argmax over the full vocabulary, 2*N*H*V, and for `dense` and
 SpecForge a second matmul for the draft-vocabulary distribution, 2*N*H*Vd).
 
 SpecForge rows (`--specforge`) use SpecForge's own EAGLE-3 trainer (OnlineEagle3Model, its
@@ -210,10 +210,10 @@ def teacher_head(vocab: int, hidden: int, token_ids: torch.Tensor, device) -> to
     return head
 
 
-# ---------------------------------------------------------------- specgate before the fast path, verbatim
+# ---------------------------------------------------------------- the dense reference
 
 
-def before_ttt_loss(drafter, embed, target_head, batch, ttt_length, decay=0.8):
+def dense_ttt_loss(drafter, embed, target_head, batch, ttt_length, decay=0.8):
     from specgate.model.drafter import ttt_attention_reference
     from specgate.pipeline.train import shift_left
 
@@ -259,7 +259,7 @@ def run_specgate(cfg, *, code, batch, seq, ttt, draft_vocab, precision, steps, w
     from specgate.pipeline.capture import default_layers
     from specgate.pipeline.train import cosine_with_warmup, ttt_loss
 
-    loss_fn = ttt_loss if code == "specgate" else before_ttt_loss
+    loss_fn = ttt_loss if code == "specgate" else dense_ttt_loss
     torch.manual_seed(0)
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
     layers = [min(max(layer, 0), cfg.num_hidden_layers - 1) for layer in default_layers(cfg.num_hidden_layers)]
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: %(default)s)")
     p.add_argument("--ttt", type=int, default=7, help="training-time-test steps K (default: %(default)s)")
     p.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size Vd (default: %(default)s)")
-    p.add_argument("--code", nargs="+", default=["before", "specgate"], choices=["before", "specgate"],
+    p.add_argument("--code", nargs="+", default=["dense", "specgate"], choices=["dense", "specgate"],
                    help="specgate's ttt_loss as it is, and/or as it was (default: both)")  # fmt: skip
     p.add_argument("--precision", nargs="+", default=["autocast", "bf16-master"], choices=["autocast", "bf16-master", "bf16"],
                    help="specgate's precisions (default: %(default)s)")  # fmt: skip
@@ -427,14 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     runs += [("SpecForge", "bf16 + fp32 master", b) for b in args.batch] if args.specforge else []
     rows = []
     for code, precision, b in runs:
-        trainer = {"specgate": "specgate", "before": "specgate before"}.get(code, code)
+        trainer = {"specgate": "specgate", "dense": "dense reference"}.get(code, code)
         common = dict(batch=b, seq=args.seq, ttt=args.ttt, draft_vocab=args.draft_vocab, steps=args.steps,
                       warmup=args.warmup, device=device)  # fmt: skip
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            if code in ("specgate", "before"):
+            if code in ("specgate", "dense"):
                 r = run_specgate(cfg, code=code, precision=precision, **common)
             else:
                 r = run_specforge(cfg, backend=args.specforge_backend, **common)

@@ -1,5 +1,5 @@
-"""specgate's ttt_loss against the pre-change code that benchmarks/train_mfu.py keeps for its
-`before` rows: the same loss, stats and gradients, so the benchmark compares like with like."""
+"""specgate's ttt_loss against the dense reference that benchmarks/train_mfu.py keeps for its
+`dense` rows: the same loss, stats and gradients, so the benchmark compares like with like."""
 
 from types import SimpleNamespace
 
@@ -51,23 +51,23 @@ def _run(loss_fn, drafter, embed, head, batch, ttt):
 
 
 @pytest.mark.parametrize(("t", "ttt"), [(40, 4), (5, 7)])  # (5, 7): fewer anchors than TTT steps
-def test_ttt_loss_equals_the_code_before_it(t, ttt):
-    before = load("train_mfu").before_ttt_loss
+def test_ttt_loss_equals_the_dense_reference(t, ttt):
+    dense = load("train_mfu").dense_ttt_loss
     drafter, embed, head, batch = _setup(t=t)
     new_total, new_stats, new_grads = _run(ttt_loss, drafter, embed, head, batch, ttt)
-    old_total, old_stats, old_grads = _run(before, drafter, embed, head, batch, ttt)
-    assert len(new_stats) == len(old_stats) == min(ttt, t - 2)
-    counts = [int(s["count"]) for s in old_stats]
+    ref_total, ref_stats, ref_grads = _run(dense, drafter, embed, head, batch, ttt)
+    assert len(new_stats) == len(ref_stats) == min(ttt, t - 2)
+    counts = [int(s["count"]) for s in ref_stats]
     assert 0 < min(counts) and max(counts) < 2 * t  # the masks removed rows, and rows are left
     if t >= 40:  # enough rows that the random draft's argmax hits the target's a few times
-        assert sum(int(s["correct"]) for s in old_stats) > 0
-    for new, old in zip(new_stats, old_stats, strict=True):
-        assert int(new["count"]) == int(old["count"]) and int(new["correct"]) == int(old["correct"])
-        torch.testing.assert_close(new["loss"], old["loss"], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(new_total, old_total, rtol=1e-5, atol=1e-6)
-    assert new_grads.keys() == old_grads.keys() and "midlayer.self_attn.q_proj.weight" in new_grads
-    for name in old_grads:
-        torch.testing.assert_close(new_grads[name], old_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+        assert sum(int(s["correct"]) for s in ref_stats) > 0
+    for new, ref in zip(new_stats, ref_stats, strict=True):
+        assert int(new["count"]) == int(ref["count"]) and int(new["correct"]) == int(ref["correct"])
+        torch.testing.assert_close(new["loss"], ref["loss"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(new_total, ref_total, rtol=1e-5, atol=1e-6)
+    assert new_grads.keys() == ref_grads.keys() and "midlayer.self_attn.q_proj.weight" in new_grads
+    for name in ref_grads:
+        torch.testing.assert_close(new_grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_ttt_loss_with_no_anchors():
@@ -91,20 +91,20 @@ def test_soft_cross_entropy_is_the_cross_entropy_against_p():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled GPU path needs a GPU")
 @pytest.mark.parametrize("autocast", [False, True])
-def test_ttt_loss_on_a_gpu_equals_the_code_before_it(autocast):
+def test_ttt_loss_on_a_gpu_equals_the_dense_reference(autocast):
     """flex_attention and the compiled soft cross-entropy against the pre-change code on the same GPU."""
-    before = load("train_mfu").before_ttt_loss
+    dense = load("train_mfu").dense_ttt_loss
     drafter, embed, head, batch = _setup(device="cuda", t=300)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         new_total, new_stats, new_grads = _run(ttt_loss, drafter, embed, head, batch, 7)
-        old_total, old_stats, old_grads = _run(before, drafter, embed, head, batch, 7)
+        ref_total, ref_stats, ref_grads = _run(dense, drafter, embed, head, batch, 7)
     tol = 2e-2 if autocast else 1e-3  # bf16 operands: flash-style accumulation order differs from the scores matrix
-    for new, old in zip(new_stats, old_stats, strict=True):
-        assert int(new["count"]) == int(old["count"])
-        assert abs(int(new["correct"]) - int(old["correct"])) <= max(1, int(old["count"]) // 50)
-    assert abs(float(new_total) - float(old_total)) <= tol * abs(float(old_total))
-    for name in old_grads:
-        rel = (new_grads[name] - old_grads[name]).norm() / old_grads[name].norm()
+    for new, ref in zip(new_stats, ref_stats, strict=True):
+        assert int(new["count"]) == int(ref["count"])
+        assert abs(int(new["correct"]) - int(ref["correct"])) <= max(1, int(ref["count"]) // 50)
+    assert abs(float(new_total) - float(ref_total)) <= tol * abs(float(ref_total))
+    for name in ref_grads:
+        rel = (new_grads[name] - ref_grads[name]).norm() / ref_grads[name].norm()
         assert rel < tol * 3, (name, float(rel))
 
 
