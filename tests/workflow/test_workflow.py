@@ -98,6 +98,13 @@ def test_full_chain_builds_every_artifact(workdir):
     assert "### Ratio to the no-spec block beside it" in report and "## Open loop: the operator's traffic" in report
     # gate_2 turns off at c = 2 and after the prime burst, and speculates again: its first steps after that are counted
     assert "### Acceptance after the gate turns back on" in report and "| gate_2 |" in report.split("turns back on")[1]
+    with open(work / "results/acceptance.csv") as f:
+        measured = list(csv.DictReader(f))
+    table = report.split("## Acceptance length")[1].split("\n\n")[1]
+    assert "τ̂ from training, held-out replies decoded | τ̂ ÷ τ |" in table
+    for r in measured:  # the train stage's held-out tau_hat for k drafts, beside the tau measured with k
+        assert r["tau_hat_train"], "the held-out split gives tau_hat for every k the stage measures"
+        assert f"| {float(r['tau_hat_train']) / float(r['tau']):.3f} |" in table
     for rule in ["target", "widen", "data", "tokenize", "capture", "vocab", "train", "export", "acceptance",
                  "acceptance_unwidened", "report", "bench/all.round0", "bench/all.round1"]:  # fmt: skip
         assert (work / f"results/logs/{rule}.log").exists(), rule

@@ -171,9 +171,11 @@ def write_report(out: str, *, config: dict, provenance: dict, target: str, data_
         acc_rows = list(csv.DictReader(f))
     parts.append(_table(["source", "k (draft steps)", "prompts", "verify steps", "τ measured",
                          "τ̂ from training, held-out replies decoded" if config["train"].get("heldout_sequences") else
-                         "τ̂ from training, last steps"],
+                         "τ̂ from training, last steps", "τ̂ ÷ τ"],
                         [[r["source"], r["num_steps"], r["prompts"], r["verify_steps"], r["tau"],
-                          f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-"] for r in acc_rows]))  # fmt: skip
+                          f"{float(r['tau_hat_train']):.3f}" if r["tau_hat_train"] else "-",
+                          f"{float(r['tau_hat_train']) / float(r['tau']):.3f}" if r["tau_hat_train"] else "-"]
+                         for r in acc_rows]))  # fmt: skip
     if acceptance_unwidened:
         with open(acceptance_unwidened) as f:
             narrow = {(r["source"], r["num_steps"]): r for r in csv.DictReader(f)}
