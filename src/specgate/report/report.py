@@ -352,6 +352,16 @@ def sglang_adaptive_section(decision: un.Decision) -> str:
         _table(["variant", "envelope efficiency [90% interval]", "÷ sglang_adaptive's [90% interval]", ""], rows)])
 
 
+def measured_crossing(decision: un.Decision, levels: list[int]) -> str:
+    """Where the sweep places the crossover: between the first level at which always-on loses to no-spec
+    beyond noise and the level below it. Medians alone would place it wherever noise first dips below 1."""
+    if not decision.loses:
+        return f"> {max(levels)} (lost at no level beyond noise)"
+    first = min(decision.loses)
+    below = [c for c in levels if c < first]
+    return f"{max(below)}–{first}" if below else f"≤ {first}"
+
+
 def _threshold(levels: pd.DataFrame, gate: str) -> int:
     return int(levels[levels.variant == gate].disable_at.iloc[0])
 
@@ -545,8 +555,7 @@ def sweep_sections(config: dict, summary: pd.DataFrame, plots_dir: str | None, o
                   [f"speculative (k={serve['num_steps']})", _fmt(model.spec.fixed * 1000, 2),
                    _fmt(model.spec.per_request * 1000, 3), f"τ = {model.tau:.3f}"]]), "",
               _table(["", "predicted", "measured"], [
-                  ["crossover batch", "∞" if math.isinf(b) else f"{b:.1f}",
-                   (lambda m: "∞" if math.isinf(m) else f"{m:.1f}")(cm.measured_crossover(summary))],
+                  ["crossover batch", "∞" if math.isinf(b) else f"{b:.1f}", measured_crossing(decision, concurrencies)],
                   ["threshold with the highest envelope efficiency, among those swept", pred_best if pred_best is not None else "-",
                    _threshold(summary, decision.best) if decision.best is not None else "-"]]), "",
               _table(["concurrency", "nospec measured", "nospec predicted", "always measured", "always predicted"], [

@@ -86,3 +86,13 @@ def test_a_few_percent_of_noise_at_the_largest_batches_leaves_the_fixed_cost():
     line = cm.fit_line(batch, seconds)
     assert line.fixed == pytest.approx(0.005, rel=0.01)
     assert abs(np.polyfit(batch, seconds, 1)[1] / 0.005 - 1) > 0.03
+
+
+def test_the_report_places_the_crossover_by_the_noise_aware_verdict_not_by_medians():
+    from specgate.report.report import measured_crossing
+    from specgate.report.uncertainty import Decision
+
+    # a median dipping below 1 at the lowest level, within noise, is no crossover
+    assert measured_crossing(Decision("no loss", "gate_4", "gate_4", ["gate_4"], pays=[4]), [1, 2, 4, 8]) == "> 8 (lost at no level beyond noise)"
+    assert measured_crossing(Decision("gate", "gate_8", "gate_8", ["gate_8"], pays=[1, 2], loses=[16, 32]), [1, 2, 4, 8, 16, 32]) == "8–16"
+    assert measured_crossing(Decision("no speculation", None, None, [], loses=[1, 2]), [1, 2]) == "≤ 1"
