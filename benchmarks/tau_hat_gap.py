@@ -39,7 +39,7 @@ from specgate.files import read_jsonl
 from specgate.model.chat import eos_ids, prompt_ids
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder, generate_batch, load_drafter
-from specgate.pipeline.capture import hooked_layers, load_target
+from specgate.pipeline.capture import fill_hidden_states, load_target
 from specgate.pipeline.tokenize import TokenizedDataset
 from specgate.pipeline.train import collate, decoded_path, heldout_split, shift_left, ttt_loss
 from specgate.runtime import pick_device
@@ -55,22 +55,20 @@ class Scores:
     def add(self, target, layers, drafter, embed, head, seqs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         device = head.device
         batch = {name: x.to(device) for name, x in collate([{"input_ids": i, "loss_mask": m} for i, m in seqs]).items()}
-        with torch.no_grad(), hooked_layers(target, layers) as store:
-            final = target.get_decoder()(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
-            keep = batch["valid"].unsqueeze(-1)
-            batch["aux_hidden"] = torch.cat([store[layer] for layer in layers], dim=-1) * keep
-            batch["final_hidden"] = final * keep
-            hits: list[torch.Tensor] = []
+        hits: list[torch.Tensor] = []
+        with torch.no_grad():
+            fill_hidden_states(target, layers, batch, head.dtype)
             _, stats = ttt_loss(drafter, embed, head, batch, self.k, hits=hits)
         for j, s in enumerate(stats):
             self.correct[j] += int(s["correct"])
             self.count[j] += int(s["count"])
         # leading hits of the drafts started at each anchor whose first draft is a reply token
-        leading = torch.stack(hits).int().cumprod(0).sum(0).cpu()
+        hits = torch.stack(hits)
+        leading = hits.int().cumprod(0).sum(0).cpu()
         starts = shift_left(batch["loss_mask"], 2, False).cpu()
         self.chain_hits += int(leading[starts].sum())
         self.starts += int(starts.sum())
-        tokens, steps = decoded_path(torch.stack(hits), batch["loss_mask"])[-1]
+        tokens, steps = decoded_path(hits, batch["loss_mask"])[-1]
         self.path_tokens, self.path_steps = self.path_tokens + tokens, self.path_steps + steps
 
     def tau_hat(self) -> float:

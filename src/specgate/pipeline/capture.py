@@ -301,13 +301,17 @@ class OnlineCapture:
 
     @torch.no_grad()
     def fill(self, batch: dict[str, torch.Tensor]) -> None:
-        """Add aux_hidden [B, T, 3H] and final_hidden [B, T, H] to a collated batch, in the storage dtype and
-        zero on padding, as a batch read from shards has them."""
-        with hooked_layers(self.model, self.layers) as store:
-            final = self.model.get_decoder()(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
-        keep = batch["valid"].unsqueeze(-1)
-        batch["aux_hidden"] = torch.cat([store[layer] for layer in self.layers], dim=-1).to(self.dtype) * keep
-        batch["final_hidden"] = final.to(self.dtype) * keep
+        fill_hidden_states(self.model, self.layers, batch, self.dtype)
+
+
+def fill_hidden_states(model, layers: list[int], batch: dict[str, torch.Tensor], dtype) -> None:
+    """Add aux_hidden [B, T, 3H] and final_hidden [B, T, H] to a collated batch, in `dtype` and zero on
+    padding, as a batch read from shards has them."""
+    with hooked_layers(model, layers) as store:
+        final = model.get_decoder()(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
+    keep = batch["valid"].unsqueeze(-1)
+    batch["aux_hidden"] = torch.cat([store[layer] for layer in layers], dim=-1).to(dtype) * keep
+    batch["final_hidden"] = final.to(dtype) * keep
 
 
 def run_capture_job(num_processes: int | str, **job) -> None:
