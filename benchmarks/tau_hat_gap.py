@@ -35,13 +35,13 @@ import torch
 import yaml
 from common import emit, machine, markdown_table, parser, versions
 
-from specgate.files import read_jsonl
-from specgate.model.chat import eos_ids, prompt_ids
+from specgate.model.chat import eos_ids
 from specgate.model.llama import LlamaRunner
 from specgate.model.spec_decode import Request, SpecDecoder, generate_batch, load_drafter
+from specgate.pipeline.acceptance import eval_prompts
 from specgate.pipeline.capture import fill_hidden_states, load_target
 from specgate.pipeline.tokenize import TokenizedDataset
-from specgate.pipeline.train import collate, decoded_path, heldout_split, shift_left, ttt_loss
+from specgate.pipeline.train import collate, decoded_path, heldout_row, heldout_split, shift_left, ttt_loss
 from specgate.runtime import pick_device
 
 
@@ -72,11 +72,7 @@ class Scores:
         self.path_tokens, self.path_steps = self.path_tokens + tokens, self.path_steps + steps
 
     def tau_hat(self) -> float:
-        tau, running = 1.0, 1.0
-        for c, n in zip(self.correct, self.count, strict=True):
-            running *= c / max(n, 1)
-            tau += running
-        return tau
+        return heldout_row(self.k, (list(zip(self.correct, self.count, strict=True)), []))["heldout_tau_hat"]
 
     def chain(self) -> float:
         return 1 + self.chain_hits / max(self.starts, 1)
@@ -112,12 +108,7 @@ def main(argv=None) -> None:
     embed, head = target.get_input_embeddings(), target.get_output_embeddings().weight.detach()
     eos = eos_ids(target, tokenizer)
 
-    by_source: dict[str, list[list[int]]] = {}
-    for rec in read_jsonl(f"{r}/data/eval.jsonl"):  # the acceptance stage's choice of prompts
-        ids = prompt_ids(tokenizer, rec["messages"][:1] if rec["messages"][0]["role"] != "system" else rec["messages"][:2])
-        chosen = by_source.setdefault(rec["source"], [])
-        if len(ids) <= 1024 and len(chosen) < prompts_per_source:
-            chosen.append(ids)
+    by_source = eval_prompts(f"{r}/data/eval.jsonl", tokenizer, prompts_per_source, 1024)  # the acceptance stage's
     decoder = SpecDecoder(LlamaRunner(target, layers), drafter, slots=args.batch, max_len=1024 + max_new + args.k + 2)
 
     rows = []

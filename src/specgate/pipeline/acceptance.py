@@ -40,6 +40,17 @@ def predicted_tau(metrics_csv: str, k: int, last: int = 20) -> float | None:
     return tau
 
 
+def eval_prompts(eval_jsonl: str, tokenizer, prompts_per_source: int, max_prompt_tokens: int) -> dict[str, list[list[int]]]:
+    """Per eval source, the token ids of its first `prompts_per_source` first user turns (after a system turn,
+    if any) that fit in max_prompt_tokens."""
+    by_source = defaultdict(list)
+    for rec in read_jsonl(eval_jsonl):
+        ids = prompt_ids(tokenizer, rec["messages"][:1] if rec["messages"][0]["role"] != "system" else rec["messages"][:2])
+        if len(ids) <= max_prompt_tokens and len(by_source[rec["source"]]) < prompts_per_source:
+            by_source[rec["source"]].append(ids)
+    return by_source
+
+
 def measure_acceptance(target_dir: str, draft_dir: str, eval_jsonl: str, metrics_csv: str | None, out_csv: str, *,
                        num_steps: list[int], max_new_tokens: int, prompts_per_source: int, batch_size: int = 16,
                        max_prompt_tokens: int = 1024, device: str = "cpu") -> list[dict]:  # fmt: skip
@@ -55,11 +66,7 @@ def measure_acceptance(target_dir: str, draft_dir: str, eval_jsonl: str, metrics
     target = LlamaRunner(model, drafter.config.eagle_config["eagle_aux_hidden_state_layer_ids"])
     eos = eos_ids(model, tokenizer)
 
-    by_source = defaultdict(list)
-    for rec in read_jsonl(eval_jsonl):
-        ids = prompt_ids(tokenizer, rec["messages"][:1] if rec["messages"][0]["role"] != "system" else rec["messages"][:2])
-        if len(ids) <= max_prompt_tokens and len(by_source[rec["source"]]) < prompts_per_source:
-            by_source[rec["source"]].append(ids)
+    by_source = eval_prompts(eval_jsonl, tokenizer, prompts_per_source, max_prompt_tokens)
     max_len = max_prompt_tokens + max_new_tokens + max(num_steps) + 2
     decoder = SpecDecoder(target, drafter, slots=batch_size, max_len=max_len)
     rows = []
